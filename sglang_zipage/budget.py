@@ -1,0 +1,85 @@
+"""Budget accounting: what a request may hold and reserve, and when it must compress.
+
+Plain Python over ints (no torch, no sglang), so the policy is testable on its own.
+
+A request's KV columns in ``req_to_token`` are laid out as
+    [0, c0)          prompt pages: owned by the radix tree, shared, never compressed
+    [c0, kv_len)     its decode suffix (plus the prompt's partial last page): compressible
+
+Invariants (checked where they are established; tests call the checkers):
+  I1  req_to_token[r, j] % page == j % page   (SGLang's paged allocator invariant)
+  I2  c0, the kept count k and every freed column range start on a page boundary
+  I3  columns below c0 are never moved or freed by compaction
+  I4  a compressed request's KV never enters the radix tree (skip_radix_cache_insert)
+  I5  logical position = physical length + pos_offset
+  I6  suffix length <= kv_budget + buffer at every decode step
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+
+def floor_page(n: int, page: int) -> int:
+    return n // page * page
+
+
+@dataclass
+class ReqState:
+    """Zipage's per-request bookkeeping, kept on the SGLang Req as ``req.zipage``."""
+
+    c0: Optional[int]  # first compressible column (page aligned, >= the radix-owned
+    # prefix); None until the request's next decode step after a (re-)prefill
+    pos_offset: int = 0  # logical length - physical length (I5)
+    compactions: int = 0
+    n_stored: int = 0  # leading suffix tokens whose global score is valid (kept last time)
+    window_since: int = -1  # decode_batch_idx when the request got its window slot
+    max_suffix: int = 0  # largest suffix seen at a decode step (I6 evidence)
+
+
+@dataclass(frozen=True)
+class Budget:
+    kv_budget: int
+    buffer: int
+    window: int
+    page_size: int = 1
+
+    def __post_init__(self):
+        assert self.kv_budget % self.page_size == 0, "I2: kv_budget must be page aligned"
+        assert self.buffer % self.page_size == 0, "I2: buffer must be page aligned"
+
+    @property
+    def limit(self) -> int:
+        """Most decode-suffix tokens a request ever holds (I6)."""
+        return self.kv_budget + self.buffer
+
+    def compress_start(self, cache_protected_len: int, prompt_len: int) -> int:
+        """c0: the prompt's full pages (and whatever the radix tree protects) stay."""
+        return max(cache_protected_len, floor_page(prompt_len, self.page_size))
+
+    def needs_window(self, suffix: int) -> bool:
+        """Take a window slot W decode steps before the suffix reaches the limit."""
+        return suffix >= self.limit - self.window
+
+    def window_ready(self, state: ReqState, decode_idx: int) -> bool:
+        return state.window_since >= 0 and decode_idx - state.window_since >= self.window
+
+    def needs_compaction(self, state: ReqState, suffix: int, decode_idx: int) -> bool:
+        return suffix >= self.limit and self.window_ready(state, decode_idx)
+
+    def reserve(self, suffix: int, remaining_new_tokens: int) -> int:
+        """Tokens a running request may still add before its footprint stops growing."""
+        return max(0, min(remaining_new_tokens, self.limit - suffix))
+
+    def admission_reserve(self) -> int:
+        """Per-request decode reservation for a new request (plus its last prompt page)."""
+        return self.limit + self.page_size
+
+
+def check_i2(c0: int, k: int, page: int) -> None:
+    assert c0 % page == 0 and k % page == 0, f"I2: c0={c0} k={k} page={page}"
+
+
+def check_i6(state: ReqState, budget: Budget) -> None:
+    assert state.max_suffix <= budget.limit, f"I6: suffix {state.max_suffix} > {budget.limit}"

@@ -1,0 +1,102 @@
+"""Compaction: plan on the CPU, then execute (launch kernels only).
+
+A plan is made in the scheduler from CPU state only (identical on every TP rank). For
+each request it snapshots the slots of its compressible suffix, columns [c0, c0 + S),
+and names the destination: the suffix's own leading k columns, [c0, c0 + k). So the
+columns keep their slots; only the data inside them moves (slot j of head h receives
+head h's j-th kept token) and the slots of columns [c0 + k, c0 + S) are freed.
+
+Invariants (see budget.py for I1-I6):
+  I2  c0 and k are page aligned, so every freed column range is whole pages
+  I3  nothing below c0 is read as a destination or freed
+  C1  execute() never reads req_to_token: the source slots are the plan's snapshot
+  C2  a plan executes on the stream of the next forward, before it: after the previous
+      forward (which may still write the last suffix token and the last query) and
+      before any forward that writes into the freed slots.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import List, Optional, Sequence
+
+import torch
+
+from sglang_zipage.budget import check_i2
+from sglang_zipage.scoring import ScoringParams, score_tokens
+from sglang_zipage.kernels import compact_kv, select_topk
+
+
+@dataclass(frozen=True)
+class CompactionItem:
+    """One request to compress, from the scheduler's CPU state."""
+
+    req_pool_idx: int
+    c0: int  # first compressible column
+    suffix: int  # S: compressible columns [c0, c0 + S)
+    n_stored: int  # leading suffix tokens with a valid stored global score
+    first: bool  # first compaction of this request (pooling applies)
+    window_slot: int  # its row in the query window
+
+
+@dataclass(frozen=True)
+class CompactionPlan:
+    k: int  # tokens kept per (layer, request, KV head)
+    req_pool_indices: List[int]
+    window_slots: torch.Tensor  # [R] int64
+    src_slots: torch.Tensor  # [R, S_max] int64 snapshot, padding 0
+    src_lens: torch.Tensor  # [R] int64
+    dst_slots: torch.Tensor  # [R, k] int64 == src_slots[:, :k] (in place)
+    n_stored: torch.Tensor  # [R] int64
+    first: torch.Tensor  # [R] bool
+
+    @property
+    def tensors(self):
+        return (self.window_slots, self.src_slots, self.src_lens, self.dst_slots,
+                self.n_stored, self.first)
+
+
+def plan_compaction(req_to_token: torch.Tensor, items: Sequence[CompactionItem], k: int,
+                    page_size: int):
+    """Return (plan, surplus slots to free). Runs on the scheduler's stream."""
+    dev = req_to_token.device
+    s_max = max(it.suffix for it in items)
+    rows, cols, free_rows, free_cols = [], [], [], []
+    for it in items:
+        check_i2(it.c0, k, page_size)
+        assert it.suffix > k, "a compaction must evict something"
+        span = torch.arange(s_max).clamp_(max=it.suffix - 1) + it.c0
+        rows.append(torch.full((s_max,), it.req_pool_idx, dtype=torch.int64))
+        cols.append(span)
+        free_rows.append(torch.full((it.suffix - k,), it.req_pool_idx, dtype=torch.int64))
+        free_cols.append(torch.arange(it.c0 + k, it.c0 + it.suffix))
+    src = req_to_token[torch.stack(rows).to(dev), torch.stack(cols).to(dev)].to(torch.int64)
+    lens_cpu = torch.tensor([it.suffix for it in items], dtype=torch.int64)
+    pad = torch.arange(s_max)[None, :] >= lens_cpu[:, None]
+    src.masked_fill_(pad.to(dev), 0)
+    surplus = req_to_token[torch.cat(free_rows).to(dev), torch.cat(free_cols).to(dev)].to(torch.int64)
+    plan = CompactionPlan(
+        k=k,
+        req_pool_indices=[it.req_pool_idx for it in items],
+        window_slots=torch.tensor([it.window_slot for it in items], dtype=torch.int64).to(dev),
+        src_slots=src,
+        src_lens=lens_cpu.to(dev),
+        dst_slots=src[:, :k].clone(),
+        n_stored=torch.tensor([it.n_stored for it in items], dtype=torch.int64).to(dev),
+        first=torch.tensor([it.first for it in items], dtype=torch.bool).to(dev),
+    )
+    return plan, surplus
+
+
+def execute(plan: CompactionPlan, params: ScoringParams, window_ring: torch.Tensor,
+            k_buffers: Sequence[torch.Tensor], v_buffers: Sequence[torch.Tensor],
+            score_buffers: Optional[Sequence[torch.Tensor]], sm_scale: float) -> None:
+    """Score, select and compact on the current stream. Launches kernels only (C1)."""
+    q_window = window_ring[:, plan.window_slots]  # [L, R, W, Hq, D]
+    final, global_score = score_tokens(params, q_window, k_buffers, score_buffers,
+                                       plan.src_slots, plan.src_lens, plan.n_stored,
+                                       plan.first, sm_scale)
+    keep = select_topk(final, plan.k)
+    kept_scores = global_score.gather(-1, keep) if score_buffers is not None else None
+    compact_kv(k_buffers, v_buffers, score_buffers, plan.src_slots, keep, plan.dst_slots,
+               kept_scores)

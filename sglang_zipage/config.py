@@ -1,0 +1,162 @@
+"""ZipageConfig: every Zipage setting in one typed, validated object.
+
+The launcher builds it from ``--zipage-*`` flags, validates it before anything
+starts, and ships it to SGLang's spawned scheduler processes as JSON in the
+environment variable ``SGLANG_ZIPAGE_CONFIG`` (spawn children inherit the
+environment, not the parent's Python state).
+
+Paper symbols: budget = N*b tokens kept per request after a compaction,
+buffer = the working page(s) filled between compactions, W = query window.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+from dataclasses import dataclass, field
+from typing import Optional, Sequence
+
+ENV_VAR = "SGLANG_ZIPAGE_CONFIG"
+REDUNDANCY_MODES = ("none", "full", "lightning")
+
+
+class ZipageConfigError(ValueError):
+    """An invalid setting; the message names the flag and what to change."""
+
+
+def _flag(help_: str, flag: Optional[str] = None, **kw) -> dict:
+    return {"help": help_, "flag": flag, **kw}
+
+
+@dataclass(frozen=True)
+class ZipageConfig:
+    enabled: bool = field(default=True, metadata=_flag(
+        "Turn Compressed PagedAttention off: the server then behaves exactly like stock SGLang.",
+        flag="--zipage-disable", invert=True))
+    kv_budget: int = field(default=2048, metadata=_flag(
+        "Decode-phase KV tokens each request keeps per KV head after a compaction (paper: N*b). "
+        "Must be a multiple of --page-size and at least --zipage-window + --zipage-sink."))
+    buffer: int = field(default=256, metadata=_flag(
+        "Decode tokens written between two compactions (paper: the working block b). "
+        "A request's decode KV never exceeds kv_budget + buffer. Multiple of --page-size."))
+    window: int = field(default=16, metadata=_flag(
+        "Query window W: the last W decode queries score the cached tokens; "
+        "the last W tokens are always kept."))
+    async_compaction: bool = field(default=False, metadata=_flag(
+        "Run scoring and compaction on a side CUDA stream, overlapped with decode.",
+        flag="--zipage-async"))
+    decay: float = field(default=0.8, metadata=_flag(
+        "Global-score decay: score = max(current, decay * stored). 0 disables the global score."))
+    redundancy: str = field(default="none", metadata=_flag(
+        "Key-redundancy term (R-KV): none, full (all token pairs) or lightning (pairs within a block).",
+        choices=REDUNDANCY_MODES))
+    redundancy_lambda: float = field(default=0.2, metadata=_flag(
+        "lambda in final = lambda * attention - (1 - lambda) * redundancy."))
+    redundancy_tau: float = field(default=0.4, metadata=_flag(
+        "Softmax temperature tau of the redundancy term."))
+    pooling: int = field(default=5, metadata=_flag(
+        "Max-pooling kernel over the sequence on a request's first compaction (odd; 1 disables)."))
+    sink: int = field(default=0, metadata=_flag(
+        "Leading tokens of the compressible suffix that are always kept (the prompt is never "
+        "compressed, so its own sink tokens are always kept)."))
+
+    # ---------------------------------------------------------------- checks
+    def validate(self, page_size: Optional[int] = None) -> "ZipageConfig":
+        """Raise ZipageConfigError naming the flag; returns self so calls chain."""
+        def bad(name: str, msg: str) -> None:
+            raise ZipageConfigError(f"{flag_name(name)}: {msg}")
+
+        for name in ("kv_budget", "buffer", "window", "pooling"):
+            v = getattr(self, name)
+            if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+                bad(name, f"must be an integer >= 1, got {v!r}")
+        if not isinstance(self.sink, int) or self.sink < 0:
+            bad("sink", f"must be an integer >= 0, got {self.sink!r}")
+        if self.pooling % 2 == 0:
+            bad("pooling", f"must be odd (1 disables pooling), got {self.pooling}")
+        if not 0.0 <= self.decay < 1.0:
+            bad("decay", f"must be in [0, 1), got {self.decay}")
+        if self.redundancy not in REDUNDANCY_MODES:
+            bad("redundancy", f"must be one of {', '.join(REDUNDANCY_MODES)}, got {self.redundancy!r}")
+        if not 0.0 <= self.redundancy_lambda <= 1.0:
+            bad("redundancy_lambda", f"must be in [0, 1], got {self.redundancy_lambda}")
+        if not self.redundancy_tau > 0.0:
+            bad("redundancy_tau", f"must be > 0, got {self.redundancy_tau}")
+        if self.kv_budget < self.window + self.sink:
+            bad("kv_budget", f"must be >= --zipage-window + --zipage-sink "
+                f"({self.window} + {self.sink}), got {self.kv_budget}")
+        if self.buffer < self.window:
+            bad("buffer", f"must be >= --zipage-window ({self.window}) so the query window "
+                f"is filled between compactions, got {self.buffer}")
+        if page_size is not None and page_size > 1:
+            for name in ("kv_budget", "buffer"):
+                v = getattr(self, name)
+                if v % page_size:
+                    bad(name, f"must be a multiple of --page-size {page_size}, got {v} "
+                        f"(try {max(page_size, v // page_size * page_size)})")
+        return self
+
+    # ---------------------------------------------------------- transport
+    def to_json(self) -> str:
+        return json.dumps(dataclasses.asdict(self), sort_keys=True)
+
+    @classmethod
+    def from_json(cls, text: str) -> "ZipageConfig":
+        data = json.loads(text)
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise ZipageConfigError(f"unknown zipage setting(s) {unknown}; known: {sorted(known)}")
+        return cls(**data)
+
+    def to_env(self, env=None) -> None:
+        (os.environ if env is None else env)[ENV_VAR] = self.to_json()
+
+    @classmethod
+    def from_env(cls) -> Optional["ZipageConfig"]:
+        """The config exported by the launcher, or None when this process runs stock SGLang."""
+        text = os.environ.get(ENV_VAR)
+        return cls.from_json(text) if text else None
+
+    # ------------------------------------------------------------- argparse
+    @classmethod
+    def add_cli_args(cls, parser: argparse.ArgumentParser) -> None:
+        group = parser.add_argument_group("Zipage (Compressed PagedAttention)")
+        for f in dataclasses.fields(cls):
+            meta = f.metadata
+            flag = flag_name(f.name)
+            if f.type in ("bool", bool):
+                help_ = meta["help"] + (" (default: compression on)" if meta.get("invert")
+                                        else " (default: off)")
+                group.add_argument(flag, dest=f"zipage_{f.name}", action="store_true", help=help_)
+                continue
+            typ = {"int": int, "float": float, "str": str}[f.type if isinstance(f.type, str)
+                                                          else f.type.__name__]
+            group.add_argument(flag, dest=f"zipage_{f.name}", type=typ, default=f.default,
+                               choices=meta.get("choices"),
+                               help=f"{meta['help']} (default: {f.default})")
+
+    @classmethod
+    def from_cli_args(cls, ns: argparse.Namespace) -> "ZipageConfig":
+        kw = {}
+        for f in dataclasses.fields(cls):
+            v = getattr(ns, f"zipage_{f.name}")
+            kw[f.name] = (not v) if f.metadata.get("invert") else v
+        return cls(**kw)
+
+    @classmethod
+    def parse_known(cls, argv: Sequence[str]):
+        """Split argv into (ZipageConfig, the remaining SGLang arguments)."""
+        parser = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
+        cls.add_cli_args(parser)
+        ns, rest = parser.parse_known_args(list(argv))
+        return cls.from_cli_args(ns), rest
+
+
+def flag_name(field_name: str) -> str:
+    for f in dataclasses.fields(ZipageConfig):
+        if f.name == field_name and f.metadata.get("flag"):
+            return f.metadata["flag"]
+    return "--zipage-" + field_name.replace("_", "-")

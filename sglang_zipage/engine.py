@@ -1,0 +1,46 @@
+"""``sglang_zipage.Engine``: SGLang's offline Engine with Compressed PagedAttention.
+
+Same constructor arguments as ``sglang.Engine`` plus the zipage options, either as a
+``zipage=ZipageConfig(...)`` object or as ``zipage_<field>=...`` keywords
+(``zipage_kv_budget=512``, ``zipage_enabled=False``). Defaults as in the launcher.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+
+import sglang
+
+from sglang_zipage import hooks
+from sglang_zipage import server_args as zargs
+from sglang_zipage.config import ZipageConfig
+from sglang_zipage.proc import run_scheduler_process
+
+
+class Engine(sglang.Engine):
+    run_scheduler_process_func = staticmethod(run_scheduler_process)
+
+    def __init__(self, zipage: ZipageConfig = None, **kwargs):
+        fields = {f.name for f in dataclasses.fields(ZipageConfig)}
+        picked = {k[len("zipage_"):]: kwargs.pop(k) for k in list(kwargs)
+                  if k.startswith("zipage_") and k[len("zipage_"):] in fields}
+        unknown = [k for k in kwargs if k.startswith("zipage_")]
+        if unknown:
+            raise TypeError(f"unknown zipage options {unknown}; known: "
+                            f"{sorted('zipage_' + f for f in fields)}")
+        config = dataclasses.replace(zipage or ZipageConfig(), **picked).validate()
+        import torch
+
+        kwargs.update(zargs.default_overrides(kwargs, config,
+                                              has_cuda=torch.cuda.is_available()))
+        kwargs.setdefault("log_level", "error")  # as sglang.Engine does
+        server_args = self.server_args_class(**kwargs)
+        problems = zargs.incompatibilities(server_args, config)
+        if problems:
+            raise ValueError("; ".join(problems))
+        zargs.set_process_env(server_args.device)
+        config.to_env()
+        hooks.install(None, device=server_args.device)
+        self.zipage_config = config
+        super().__init__(server_args=server_args)

@@ -1,0 +1,179 @@
+"""The SGLang boundary: every SGLang 0.5.17 internal that sglang-zipage touches.
+
+One table, one row per hook: target, hook type, why. Hook bodies are thin: they read
+SGLang objects, call the ZipageRuntime (runtime.py), and write results back. Nothing
+outside this module names an ``sglang.srt`` path except for type hints.
+
+``install()`` runs inside every SGLang scheduler process (through
+``proc.run_scheduler_process`` or the ``sglang.srt.plugins`` entry point), registers the
+table with SGLang's HookRegistry, applies it, and verifies that every target now carries
+our wrapper: ``apply_hooks`` only logs a bad target and carries on.
+"""
+
+from __future__ import annotations
+
+import logging
+import pkgutil
+from typing import Optional
+
+from sglang_zipage.config import ZipageConfig
+
+logger = logging.getLogger("sglang_zipage")
+
+SGLANG_VERSION = "0.5.17"
+RUNTIME = None  # the ZipageRuntime of this process, once installed with zipage enabled
+_INSTALLED = False
+
+_SRT = "sglang.srt."
+
+
+# ----------------------------------------------------------------- hook bodies
+def _after_alloc_memory_pool(result, model_runner, *args, **kwargs):
+    RUNTIME.attach(model_runner)
+
+
+def _capture_queries(original, layer, q, k, v, forward_batch, *args, **kwargs):
+    if forward_batch.forward_mode.is_decode() and RUNTIME.ready:
+        RUNTIME.capture(layer.layer_id, q, forward_batch)
+    return original(layer, q, k, v, forward_batch, *args, **kwargs)
+
+
+def _logical_positions(result, cls, batch, *args, **kwargs):
+    if batch is not None and result.forward_mode.is_decode() and RUNTIME.ready:
+        offsets = RUNTIME.position_offsets(batch)
+        if offsets is not None:
+            result.positions = result.positions + offsets
+    return result
+
+
+def _flush_before_forward(original, worker, *args, **kwargs):
+    RUNTIME.flush()
+    return original(worker, *args, **kwargs)
+
+
+def _compress_before_mem_check(batch, selected_indices=None):
+    if selected_indices is None and RUNTIME.ready:
+        RUNTIME.before_decode(batch)
+
+
+def _retract_compressed_last(original, reqs, server_args):
+    order = original(reqs, server_args)
+    # Most-preferred first; compressed requests go first (kept longest): their lossy
+    # state can only be rebuilt by re-prefill plus a new compaction.
+    return sorted(order, key=lambda i: not _is_compressed(reqs[i]))
+
+
+def _running_reserve(original, adder, req):
+    return RUNTIME.running_reserve(req)
+
+
+def _lift_pool_cap(original, scheduler, req):
+    requested = req.sampling_params.max_new_tokens
+    original(scheduler, req)
+    page = scheduler.page_size
+    paged_input = -(-len(req.origin_input_ids) // page) * page
+    if paged_input + RUNTIME.budget.admission_reserve() + page < scheduler.max_total_num_tokens:
+        # The footprint is bounded by the budget, not by the output length.
+        cap = scheduler.max_req_len - len(req.origin_input_ids) - 1
+        limit = scheduler.max_new_tokens_limit
+        want = requested if requested is not None else 1 << 30
+        if limit is not None and limit > 0:
+            want = min(want, limit)
+        req.sampling_params.max_new_tokens = max(0, min(want, cap))
+
+
+def _release_window(pool, req):
+    RUNTIME.on_release(req)
+
+
+def _reset_on_retract(result, req):
+    RUNTIME.on_retract(req)
+
+
+def _report_state(result, scheduler, *args, **kwargs):
+    running = scheduler.running_batch.reqs if scheduler.running_batch is not None else []
+    result["zipage"] = RUNTIME.report(running)
+    return result
+
+
+def _is_compressed(req) -> bool:
+    st = getattr(req, "zipage", None)
+    return st is not None and st.compactions > 0
+
+
+def _hook_table():
+    from sglang.srt.plugins.hook_registry import HookType as T
+
+    return [
+        # target, type, body, why (0.5.17 line)
+        ("model_executor.model_runner.ModelRunner.alloc_memory_pool", T.AFTER,
+         _after_alloc_memory_pool, "allocate query window + global scores before graph capture (L769)"),
+        ("layers.radix_attention.RadixAttention.forward", T.AROUND, _capture_queries,
+         "store post-RoPE decode queries; recorded into decode CUDA graphs (L150)"),
+        ("model_executor.forward_batch_info.ForwardBatch.init_new", T.AFTER, _logical_positions,
+         "RoPE positions stay logical while seq_lens are physical (L706, positions L904)"),
+        ("managers.tp_worker.TpModelWorker.forward_batch_generation", T.AROUND,
+         _flush_before_forward, "run planned compactions on the forward stream first (L558)"),
+        ("managers.schedule_batch.ScheduleBatch.check_decode_mem", T.BEFORE,
+         _compress_before_mem_check, "decide/plan compactions, free pages before the mem check (L2727)"),
+        ("managers.schedule_batch.ScheduleBatch._get_decode_retraction_order", T.AROUND,
+         _retract_compressed_last, "retract uncompressed requests first (L2777)"),
+        ("managers.schedule_policy.PrefillAdder._get_running_request_total_token_offset",
+         T.AROUND, _running_reserve, "running requests reserve up to the budget only (L559)"),
+        ("managers.scheduler.Scheduler.init_req_max_new_tokens", T.AROUND, _lift_pool_cap,
+         "no pool-size cap on output length (L2110)"),
+        ("mem_cache.memory_pool.ReqToTokenPool.free", T.BEFORE, _release_window,
+         "a leaving request gives back its query-window slot (L319)"),
+        ("managers.schedule_batch.Req.reset_for_retract", T.AFTER, _reset_on_retract,
+         "a retracted request re-prefills; its suffix starts over (L1603)"),
+        ("managers.scheduler.Scheduler.get_internal_state", T.AFTER, _report_state,
+         "/server_info shows the active zipage config and counters (L4165)"),
+    ]
+
+
+# ------------------------------------------------------------------- install
+def apply_cpu_fixes() -> None:
+    """SGLang 0.5.17 on a CPU-only PyPI install imports vllm's rotary kernel unless the
+    rotary module believes it runs on CPU (see ../shared/design/cpu-notes.md)."""
+    from sglang.srt.layers.rotary_embedding import base
+
+    base._is_cpu = True
+
+
+def install(config: Optional[ZipageConfig], *, device: Optional[str] = None,
+            page_size: int = 1) -> None:
+    """Activate zipage in this process (idempotent). config None/disabled = stock SGLang."""
+    global RUNTIME, _INSTALLED
+    import sglang
+
+    if sglang.__version__ != SGLANG_VERSION:
+        raise RuntimeError(f"sglang-zipage supports sglang=={SGLANG_VERSION}; "
+                           f"found {sglang.__version__}")
+    if device == "cpu":
+        apply_cpu_fixes()
+    if _INSTALLED or config is None or not config.enabled:
+        return
+    from sglang.srt.managers import schedule_policy
+    from sglang.srt.plugins.hook_registry import HookRegistry
+    from sglang_zipage.runtime import ZipageRuntime
+
+    RUNTIME = ZipageRuntime(config)
+    # New requests reserve prompt + budget + buffer, not max_new_tokens (read at call time).
+    schedule_policy.CLIP_MAX_NEW_TOKENS = config.kv_budget + config.buffer + page_size
+    table = _hook_table()
+    before = {t: _raw(_SRT + t) for t, *_ in table}
+    for target, kind, body, _why in table:
+        HookRegistry.register(_SRT + target, body, kind)
+    HookRegistry.apply_hooks()
+    missing = [t for t in before if _raw(_SRT + t) is before[t]]
+    if missing:
+        raise RuntimeError(f"sglang-zipage: hooks did not apply to {missing}")
+    _INSTALLED = True
+    logger.info("sglang-zipage active: %s", config.to_json())
+
+
+def _raw(target: str):
+    """The attribute as stored (classmethod/staticmethod objects unwrapped by identity)."""
+    obj_path, attr = target.rsplit(".", 1)
+    obj = pkgutil.resolve_name(obj_path)
+    return obj.__dict__.get(attr) if isinstance(obj, type) else getattr(obj, attr)

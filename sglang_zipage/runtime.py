@@ -1,0 +1,212 @@
+"""Zipage's state inside one SGLang scheduler process, and the steps the hooks call.
+
+The hooks (hooks.py) stay thin: each reads SGLang objects, calls one method here, and
+writes the result back. This module owns the per-process buffers (query window, global
+scores), the queue of planned compactions and the counters reported in /server_info.
+It duck-types SGLang objects (ScheduleBatch, Req, ModelRunner) and never imports sglang.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import time
+from typing import List, Optional
+
+import torch
+
+from sglang_zipage.budget import Budget, ReqState
+from sglang_zipage.compaction import CompactionItem, CompactionPlan, execute, plan_compaction
+from sglang_zipage.config import ZipageConfig
+from sglang_zipage.query_window import QueryWindow
+from sglang_zipage.scoring import ScoringParams
+
+logger = logging.getLogger("sglang_zipage")
+
+MAX_REQS_PER_LAUNCH = 32  # bounds the scoring scratch ([L, R, Hkv, S] fp32)
+
+
+class ZipageRuntime:
+    def __init__(self, config: ZipageConfig):
+        self.config = config
+        self.params = ScoringParams(
+            window=config.window, decay=config.decay, redundancy=config.redundancy,
+            redundancy_lambda=config.redundancy_lambda, redundancy_tau=config.redundancy_tau,
+            pooling=config.pooling, sink=config.sink)
+        self.budget: Optional[Budget] = None
+        self.window: Optional[QueryWindow] = None
+        self.pending: List[CompactionPlan] = []
+        self.stats = dict(compactions=0, compaction_batches=0, tokens_evicted=0,
+                          pages_freed=0, compaction_ms=0.0, max_suffix_tokens=0,
+                          window_slot_misses=0)
+
+    # ------------------------------------------------------------ setup
+    def attach(self, model_runner) -> None:
+        """Allocate buffers once the KV pool exists (before CUDA-graph capture)."""
+        pool = model_runner.token_to_kv_pool
+        allocator = model_runner.token_to_kv_pool_allocator
+        page = allocator.page_size
+        cfg = self.config.validate(page_size=page)
+        self.budget = Budget(cfg.kv_budget, cfg.buffer, cfg.window, page)
+        self.page_size = page
+        self.device = torch.device(pool.device)
+        self.k_buffers, self.v_buffers = pool.k_buffer, pool.v_buffer
+        layers, kv_heads, head_dim = len(pool.k_buffer), pool.head_num, pool.head_dim
+        q_heads = model_runner.model_config.num_attention_heads // model_runner.tp_size
+        self.sm_scale = head_dim ** -0.5
+        # A slot is held only by requests whose own suffix exceeds the budget, so the pool
+        # can never need more slots than this.
+        slots = model_runner.max_total_num_tokens // (self.budget.limit - cfg.window) + 1
+        rows = model_runner.req_to_token_pool.req_to_token.shape[0]
+        self.window = QueryWindow(layers, slots, rows, cfg.window, q_heads, head_dim,
+                                  pool.dtype, self.device)
+        self.score_buffer = None
+        if cfg.decay > 0:
+            self.score_buffer = torch.zeros((layers, pool.k_buffer[0].shape[0], kv_heads),
+                                            dtype=torch.float32, device=self.device)
+        extra = self.window.nbytes + (self.score_buffer.numel() * 4 if self.score_buffer is not None else 0)
+        self.memory_bytes = extra
+        logger.info("zipage: budget %d + buffer %d tokens, window %d, %d window slots, "
+                    "page %d; query window + scores use %.1f MiB", cfg.kv_budget, cfg.buffer,
+                    cfg.window, slots, page, extra / 2**20)
+
+    @property
+    def ready(self) -> bool:
+        return self.window is not None
+
+    # ------------------------------------------------------ per request
+    def _c0(self, req) -> int:
+        return self.budget.compress_start(req.cache_protected_len, len(req.origin_input_ids))
+
+    def state(self, req) -> ReqState:
+        st = getattr(req, "zipage", None)
+        if st is None:
+            st = req.zipage = ReqState(c0=self._c0(req))
+        elif st.c0 is None:
+            st.c0 = self._c0(req)
+        return st
+
+    def suffix_len(self, req) -> int:
+        st = getattr(req, "zipage", None)
+        c0 = st.c0 if st is not None and st.c0 is not None else self._c0(req)
+        return max(0, req.kv_committed_len - c0)
+
+    def running_reserve(self, req) -> int:
+        remaining = req.sampling_params.max_new_tokens - len(req.output_ids)
+        return self.budget.reserve(self.suffix_len(req), remaining)
+
+    def on_release(self, req) -> None:
+        """The request gives back its req_pool_idx (finish, abort or retraction)."""
+        if self.window is not None and req.req_pool_idx is not None:
+            self.window.release(req.req_pool_idx)
+
+    def on_retract(self, req) -> None:
+        """After retraction the request re-prefills its tokens; its suffix starts over."""
+        st = getattr(req, "zipage", None)
+        if st is not None:
+            # c0 is recomputed at its next decode step, from the prefix it re-matched.
+            req.zipage = ReqState(c0=None, compactions=st.compactions)
+
+    # ------------------------------------------------------- decode step
+    def before_decode(self, batch) -> None:
+        """Plan compactions for requests whose suffix reached the limit; free their pages.
+
+        Runs in the scheduler before the decode memory check, so the freed pages count.
+        """
+        items, rows = [], []
+        for i, req in enumerate(batch.reqs):
+            if req.finished() or req.req_pool_idx is None:
+                continue
+            st = self.state(req)
+            suffix = req.kv_committed_len - st.c0
+            st.max_suffix = max(st.max_suffix, suffix)
+            if suffix > self.stats["max_suffix_tokens"]:
+                self.stats["max_suffix_tokens"] = suffix
+            if st.window_since < 0 and self.budget.needs_window(suffix):
+                if self.window.assign(req.req_pool_idx):
+                    st.window_since = req.decode_batch_idx
+                else:
+                    self.stats["window_slot_misses"] += 1
+            if self.budget.needs_compaction(st, suffix, req.decode_batch_idx):
+                items.append(CompactionItem(req.req_pool_idx, st.c0, suffix, st.n_stored,
+                                            st.compactions == 0,
+                                            self.window.slot_of(req.req_pool_idx)))
+                rows.append(i)
+        if items:
+            self._plan(batch, items, rows)
+
+    def _plan(self, batch, items, rows) -> None:
+        k = self.budget.kv_budget
+        r2t = batch.req_to_token_pool.req_to_token
+        allocator = batch.token_to_kv_pool_allocator
+        seq_lens_cpu = batch.seq_lens_cpu.clone()
+        for start in range(0, len(items), MAX_REQS_PER_LAUNCH):
+            chunk = items[start:start + MAX_REQS_PER_LAUNCH]
+            plan, surplus = plan_compaction(r2t, chunk, k, self.page_size)
+            allocator.free(surplus)
+            self.pending.append(plan)
+            self.stats["compaction_batches"] += 1
+        for it, i in zip(items, rows):
+            req = batch.reqs[i]
+            st = req.zipage
+            new_len = it.c0 + k
+            evicted = req.kv_committed_len - new_len
+            st.pos_offset += evicted
+            st.n_stored = k
+            st.compactions += 1
+            req.kv_committed_len = new_len
+            req.kv.kv_allocated_len = new_len
+            req.skip_radix_cache_insert = True  # I4
+            seq_lens_cpu[i] = new_len
+            self.stats["compactions"] += 1
+            self.stats["tokens_evicted"] += evicted
+            self.stats["pages_freed"] += evicted // self.page_size
+        # New tensors, never in-place edits: an in-flight forward may hold the old ones.
+        batch.seq_lens_cpu = seq_lens_cpu
+        batch.seq_lens = seq_lens_cpu.to(batch.seq_lens.device, non_blocking=True)
+        batch.seq_lens_sum = None
+
+    def flush(self) -> None:
+        """Run queued window-table updates and compactions on the current stream (C2)."""
+        if self.window is None:
+            return
+        self.window.flush()
+        if not self.pending:
+            return
+        t0 = time.perf_counter()
+        stream = torch.cuda.current_stream() if self.device.type == "cuda" else None
+        sbufs = list(self.score_buffer) if self.score_buffer is not None else None
+        for plan in self.pending:
+            if stream is not None:
+                for t in plan.tensors:
+                    t.record_stream(stream)
+            execute(plan, self.params, self.window.ring, self.k_buffers, self.v_buffers,
+                    sbufs, self.sm_scale)
+        self.pending.clear()
+        self.stats["compaction_ms"] += (time.perf_counter() - t0) * 1e3
+
+    # ----------------------------------------------------------- forward
+    def position_offsets(self, batch) -> Optional[torch.Tensor]:
+        """[bs] int64 logical - physical offsets of a decode batch, or None if all 0 (I5)."""
+        offs = [getattr(r, "zipage", None) for r in batch.reqs]
+        offs = [st.pos_offset if st is not None else 0 for st in offs]
+        if not any(offs):
+            return None
+        t = torch.tensor(offs, dtype=torch.int64)
+        if self.device.type == "cuda":
+            t = t.pin_memory()
+        return t.to(self.device, non_blocking=True)
+
+    def capture(self, layer_id: int, q: torch.Tensor, forward_batch) -> None:
+        self.window.write(layer_id, q, forward_batch.req_pool_indices, forward_batch.positions)
+
+    # ------------------------------------------------------------ report
+    def report(self, running_reqs=()) -> dict:
+        compressed = sum(1 for r in running_reqs
+                         if getattr(r, "zipage", None) is not None and r.zipage.compactions)
+        return {"config": dataclasses.asdict(self.config), "active": self.ready,
+                "budget_limit_tokens": self.budget.limit if self.budget else None,
+                "memory_bytes": getattr(self, "memory_bytes", 0),
+                "running_compressed_requests": compressed,
+                "free_window_slots": self.window.free_slots if self.window else None,
+                **self.stats}

@@ -1,0 +1,72 @@
+"""SGLang server arguments under zipage: our defaults, and what we refuse.
+
+Defaults apply only to flags the user did not give; every one can be overridden.
+- No --model-path: the bundled SmolLM2-135M-Instruct (model.py).
+- No GPU: SGLang's CPU path with the settings measured in cpu-notes.md.
+- Zipage on a GPU: an attention backend our compression supports (flashinfer).
+With --zipage-disable only the CPU and model defaults apply: stock SGLang behaviour.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Dict, List
+
+from sglang_zipage.config import ZipageConfig
+
+SUPPORTED_BACKENDS = ("flashinfer", "triton", "torch_native")
+CPU_DEFAULTS = {"device": "cpu", "attention_backend": "torch_native",
+                "max_total_tokens": 8192, "sleep_on_idle": True}
+
+
+def default_overrides(given: Dict, config: ZipageConfig, *, has_cuda: bool) -> Dict:
+    """ServerArgs field -> value for every default that applies.
+
+    given: the fields the user set (name -> value); they are never overridden."""
+    out = {}
+    if "model_path" not in given:
+        from sglang_zipage.model import bundled_model_path
+
+        out["model_path"] = bundled_model_path()
+    on_cpu = given["device"] == "cpu" if "device" in given else not has_cuda
+    if on_cpu:
+        out.update({k: v for k, v in CPU_DEFAULTS.items() if k not in given})
+    elif config.enabled and "attention_backend" not in given:
+        out["attention_backend"] = "flashinfer"
+    return out
+
+
+def set_process_env(device: str) -> None:
+    if device == "cpu":
+        # Two OpenMP threads thrash on a 2-core machine as soon as anything else runs.
+        os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+
+def incompatibilities(server_args, config: ZipageConfig) -> List[str]:
+    """Reasons this SGLang configuration cannot run with zipage on (empty = fine)."""
+    if not config.enabled:
+        return []
+    a, bad = server_args, []
+    for name in ("attention_backend", "decode_attention_backend"):
+        v = getattr(a, name, None)
+        if v is not None and v not in SUPPORTED_BACKENDS:
+            bad.append(f"--{name.replace('_', '-')} {v}: zipage supports "
+                       f"{', '.join(SUPPORTED_BACKENDS)}")
+    checks = [
+        (a.speculative_algorithm is not None, "--speculative-algorithm (speculative decoding)"),
+        (a.enable_mixed_chunk, "--enable-mixed-chunk (mixes logical positions with KV lengths)"),
+        (a.disaggregation_mode not in (None, "null"), "--disaggregation-mode (PD disaggregation)"),
+        (a.enable_hierarchical_cache, "--enable-hierarchical-cache"),
+        (a.pp_size != 1, "--pp-size > 1 (pipeline parallelism)"),
+        (a.kv_cache_dtype not in ("auto", None), f"--kv-cache-dtype {a.kv_cache_dtype} "
+         "(scoring reads keys in the model dtype)"),
+        (a.enable_torch_compile, "--enable-torch-compile"),
+    ]
+    bad += [f"{what} is not supported" for cond, what in checks if cond]
+    try:
+        config.validate(page_size=a.page_size or 1)
+    except ValueError as e:
+        bad.append(str(e))
+    if bad:
+        bad.append("pass --zipage-disable to run stock SGLang with these settings")
+    return bad
