@@ -1,0 +1,114 @@
+"""Torch twins of the Zipage kernels: the specification, in plain torch.
+
+Every Triton op in this package has a twin here with the same signature
+(style guide section 4). The twins are slow and memory hungry on purpose:
+they say what the op computes, nothing more. `SGLANG_ZIPAGE_KERNELS=ref`
+routes every call to them.
+
+Shared names:
+    L       layers handled by one call
+    R       requests
+    W       query-window length (decode steps kept per request)
+    Hq/Hkv  query / KV heads, G = Hq // Hkv (query head q reads KV head q // G)
+    D       head dim
+    S_max   padded number of compressible tokens per request
+    K       tokens kept per (layer, request, KV head)
+"""
+
+from __future__ import annotations
+
+from typing import Optional, Sequence
+
+import torch
+
+
+def window_attention_scores_ref(
+    q_window: torch.Tensor,
+    k_buffers: Sequence[torch.Tensor],
+    src_slots: torch.Tensor,
+    src_lens: torch.Tensor,
+    sm_scale: float,
+) -> torch.Tensor:
+    """Attention that the last W queries pay to each compressible token.
+
+    Args:
+        q_window: [L, R, W, Hq, D] model dtype, post-RoPE queries.
+        k_buffers: L tensors [slots, Hkv, D] model dtype; q_window[l] reads k_buffers[l].
+        src_slots: [R, S_max] int64 slot ids in sequence order; index >= src_lens[r] is padding.
+        src_lens: [R] int32/int64, 1 <= src_lens[r] <= S_max.
+        sm_scale: logit scale (usually D ** -0.5).
+
+    Returns:
+        [L, R, Hkv, S_max] float32. For each query (w, q-head): softmax over the
+        src_lens[r] keys of q.k * sm_scale in fp32; max over the G query heads of a
+        KV group; mean over the W queries. Padding entries are 0.
+    """
+    n_layers, n_req, w, hq, d = q_window.shape
+    s_max = src_slots.shape[1]
+    pos = torch.arange(s_max, device=src_slots.device)
+    valid = pos[None, :] < src_lens.to(pos.device)[:, None]  # [R, S_max]
+    out = []
+    for layer in range(n_layers):
+        k = k_buffers[layer][src_slots].float()  # [R, S, Hkv, D]
+        hkv = k.shape[2]
+        q = q_window[layer].float().view(n_req, w, hkv, hq // hkv, d)
+        logits = torch.einsum("rwhgd,rshd->rhwgs", q, k) * sm_scale
+        logits = logits.masked_fill(~valid[:, None, None, None, :], float("-inf"))
+        probs = torch.softmax(logits, dim=-1)
+        score = probs.amax(dim=3).mean(dim=2)  # [R, Hkv, S]
+        out.append(score.masked_fill(~valid[:, None, :], 0.0))
+    return torch.stack(out)
+
+
+def compact_kv_ref(
+    k_buffers: Sequence[torch.Tensor],
+    v_buffers: Sequence[torch.Tensor],
+    score_buffers: Optional[Sequence[torch.Tensor]],
+    src_slots: torch.Tensor,
+    keep: torch.Tensor,
+    dst_slots: torch.Tensor,
+    kept_scores: Optional[torch.Tensor],
+) -> None:
+    """Move each head's kept tokens into the destination slots, in place.
+
+    Args:
+        k_buffers, v_buffers: L tensors [slots, Hkv, D] (any dtype), modified in place.
+        score_buffers: L tensors [slots, Hkv] float32, or None.
+        src_slots: [R, S_max] int64 slot ids of the compressible tokens.
+        keep: [L, R, Hkv, K] int64, ascending per row, values in [0, src_lens[r]).
+        dst_slots: [R, K] int64 destination slots (may equal src_slots[:, :K]).
+        kept_scores: [L, R, Hkv, K] float32 or None; written to score_buffers when both given.
+
+    Semantics: all reads happen before all writes. For every l, r, h, j:
+        buf[l][dst_slots[r, j], h] = OLD buf[l][src_slots[r, keep[l, r, h, j]], h]
+    """
+    n_layers, n_req, hkv, k_keep = keep.shape
+    heads = torch.arange(hkv, device=keep.device)[None, :, None]  # [1, Hkv, 1]
+    dst = dst_slots[:, None, :].expand(n_req, hkv, k_keep)  # [R, Hkv, K]
+    for layer in range(n_layers):
+        src = torch.gather(
+            src_slots[:, None, :].expand(n_req, hkv, -1), 2, keep[layer]
+        )  # [R, Hkv, K] slot ids
+        for buf in (k_buffers[layer], v_buffers[layer]):
+            rows = buf[src, heads].clone()  # gather all ...
+            buf[dst, heads] = rows  # ... then scatter
+        if score_buffers is not None and kept_scores is not None:
+            score_buffers[layer][dst, heads] = kept_scores[layer]
+
+
+def select_topk(scores: torch.Tensor, k: int) -> torch.Tensor:
+    """Positions of the k best tokens per (layer, request, KV head), ascending.
+
+    Args:
+        scores: [L, R, Hkv, S_max] float32; padding = -inf, protected tokens = +inf.
+        k: tokens to keep, 1 <= k <= S_max. The caller makes k <= min(src_lens), or
+            padding positions get selected; if more than k tokens are +inf, which of
+            them survive is unspecified.
+
+    Returns:
+        keep: [L, R, Hkv, k] int64, strictly ascending per row.
+    """
+    if not 1 <= k <= scores.shape[-1]:
+        raise ValueError(f"select_topk: k={k} must be in [1, {scores.shape[-1]}]")
+    idx = torch.topk(scores, k, dim=-1, sorted=False).indices
+    return torch.sort(idx, dim=-1).values

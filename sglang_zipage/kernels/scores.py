@@ -1,0 +1,253 @@
+"""Window attention scores: the attention the last W queries pay to each token.
+
+Two launches cover every layer, request and KV head; K is read through the
+slot list and never gathered into a copy.
+
+  pass 1 `_window_lse_kernel`, grid (L*R*Hkv, n_splits): for each query row
+      (g, w) of a KV group, the running max m and sum l of exp2 over the keys of
+      one split of the sequence (online softmax, base 2).
+  pass 2 `_window_probs_kernel`, grid (L*R*Hkv, cdiv(S_max, BLOCK_S)): merges the
+      split partials into a log-sum-exp per row, recomputes the logits of one
+      key block, and reduces p = exp2(x - lse) with max over the G heads of the
+      group, then mean over the W queries.
+
+Query rows are laid out g-major: row = g * WP + w, padded to WP = pow2 >= 16
+(tl.dot needs 16 rows) and GP = pow2(G). Padded rows load q = 0, which keeps
+every number finite; they are dropped before the output is written.
+Twin: reference.window_attention_scores_ref.
+"""
+
+from __future__ import annotations
+
+from typing import Optional, Sequence
+
+import torch
+import triton.language as tl
+
+from sglang_zipage.kernels.utils import (
+    check_layer_buffers,
+    check_tensor,
+    layer_ptr_table,
+    lazy_jit,
+    next_pow2,
+    num_sms,
+    triton_dtype,
+)
+
+_LOG2E = 1.4426950408889634
+
+
+@lazy_jit
+def _window_lse_kernel(
+    q_ptr, k_table, src_slots_ptr, src_lens_ptr, m_ptr, l_ptr,
+    R, chunks_per_split,
+    stride_ql, stride_qr, stride_qw, stride_qh,
+    stride_ks, stride_kh, stride_src_r,
+    qk_scale,
+    W: tl.constexpr, G: tl.constexpr, HKV: tl.constexpr, WP: tl.constexpr,
+    GP: tl.constexpr, D: tl.constexpr, BLOCK_D: tl.constexpr,
+    BLOCK_S: tl.constexpr, N_SPLITS: tl.constexpr,
+    KV_DTYPE: tl.constexpr, PRECISION: tl.constexpr,
+):
+    pid = tl.program_id(0)
+    split = tl.program_id(1)
+    h = pid % HKV
+    r = (pid // HKV) % R
+    layer = pid // (HKV * R)
+    length = tl.load(src_lens_ptr + r).to(tl.int32)
+    # One launch reads every layer: entry `layer` of the table is that layer's K base.
+    # Torch allocations are >= 256-byte aligned; the hint keeps K loads 16-byte wide.
+    k_base = tl.multiple_of(tl.load(k_table + layer).to(tl.pointer_type(KV_DTYPE)), 16)
+
+    rows = tl.arange(0, WP * GP)
+    g = rows // WP
+    w = rows % WP
+    row_ok = (g < G) & (w < W)
+    d = tl.arange(0, BLOCK_D)
+    d_ok = d < D
+    q_off = layer.to(tl.int64) * stride_ql + r * stride_qr + w * stride_qw + (h * G + g) * stride_qh
+    q = tl.load(q_ptr + q_off[:, None] + d[None, :], mask=row_ok[:, None] & d_ok[None, :], other=0.0)
+
+    m_i = tl.full([WP * GP], float("-inf"), tl.float32)
+    l_i = tl.zeros([WP * GP], tl.float32)
+    c_begin = split * chunks_per_split
+    c_end = tl.minimum(c_begin + chunks_per_split, (length + BLOCK_S - 1) // BLOCK_S)
+    for c in range(c_begin, c_end):
+        s = c * BLOCK_S + tl.arange(0, BLOCK_S)
+        s_ok = s < length
+        slot = tl.load(src_slots_ptr + r * stride_src_r + s, mask=s_ok, other=0)
+        k = tl.load(
+            k_base + slot[:, None] * stride_ks + h * stride_kh + d[None, :],
+            mask=s_ok[:, None] & d_ok[None, :], other=0.0,
+        )
+        x = tl.dot(q, tl.trans(k), input_precision=PRECISION) * qk_scale
+        x = tl.where(s_ok[None, :], x, float("-inf"))
+        # Every visited block holds >= 1 valid key, so m_new is finite.
+        m_new = tl.maximum(m_i, tl.max(x, 1))
+        l_i = l_i * tl.exp2(m_i - m_new) + tl.sum(tl.exp2(x - m_new[:, None]), 1)
+        m_i = m_new
+    out = (pid * N_SPLITS + split) * (WP * GP) + rows
+    tl.store(m_ptr + out, m_i)
+    tl.store(l_ptr + out, l_i)
+
+
+@lazy_jit
+def _window_probs_kernel(
+    q_ptr, k_table, src_slots_ptr, src_lens_ptr, m_ptr, l_ptr, out_ptr,
+    R, S_max,
+    stride_ql, stride_qr, stride_qw, stride_qh,
+    stride_ks, stride_kh, stride_src_r,
+    qk_scale,
+    W: tl.constexpr, G: tl.constexpr, HKV: tl.constexpr, WP: tl.constexpr,
+    GP: tl.constexpr, D: tl.constexpr, BLOCK_D: tl.constexpr,
+    BLOCK_S: tl.constexpr, N_SPLITS: tl.constexpr, SPLITS_P: tl.constexpr,
+    KV_DTYPE: tl.constexpr, PRECISION: tl.constexpr,
+):
+    pid = tl.program_id(0)
+    block = tl.program_id(1)
+    h = pid % HKV
+    r = (pid // HKV) % R
+    layer = pid // (HKV * R)
+    length = tl.load(src_lens_ptr + r).to(tl.int32)
+    k_base = tl.multiple_of(tl.load(k_table + layer).to(tl.pointer_type(KV_DTYPE)), 16)
+
+    s = block * BLOCK_S + tl.arange(0, BLOCK_S)
+    s_ok = s < length
+    d = tl.arange(0, BLOCK_D)
+    d_ok = d < D
+    slot = tl.load(src_slots_ptr + r * stride_src_r + s, mask=s_ok, other=0)
+    k = tl.load(
+        k_base + slot[:, None] * stride_ks + h * stride_kh + d[None, :],
+        mask=s_ok[:, None] & d_ok[None, :], other=0.0,
+    )
+    w = tl.arange(0, WP)
+    w_ok = w < W
+    sp = tl.arange(0, SPLITS_P)
+    part = (pid * N_SPLITS + sp[:, None]) * (WP * GP) + w[None, :]  # [SPLITS_P, WP]
+    sp_ok = (sp < N_SPLITS)[:, None]
+    q_row = layer.to(tl.int64) * stride_ql + r * stride_qr + w * stride_qw
+    best = tl.zeros([WP, BLOCK_S], tl.float32)
+    for g in tl.static_range(G):
+        q = tl.load(
+            q_ptr + (q_row + (h * G + g) * stride_qh)[:, None] + d[None, :],
+            mask=w_ok[:, None] & d_ok[None, :], other=0.0,
+        )
+        m_p = tl.load(m_ptr + part + g * WP, mask=sp_ok, other=float("-inf"))
+        l_p = tl.load(l_ptr + part + g * WP, mask=sp_ok, other=0.0)
+        m_max = tl.max(m_p, 0)  # split 0 always holds key 0: finite
+        lse = m_max + tl.log2(tl.sum(l_p * tl.exp2(m_p - m_max[None, :]), 0))
+        x = tl.dot(q, tl.trans(k), input_precision=PRECISION) * qk_scale
+        best = tl.maximum(best, tl.exp2(x - lse[:, None]))  # max over the group
+    best = tl.where(w_ok[:, None] & s_ok[None, :], best, 0.0)
+    score = tl.sum(best, 0) / W  # mean over the window
+    tl.store(out_ptr + pid.to(tl.int64) * S_max + s, score, mask=s < S_max)
+
+
+# (BLOCK_S, num_warps) of each pass, keyed by whether a KV group has <= 64 query rows
+# (WP * GP: W=16 with G <= 4). The <= 64 entries are the fastest of the sweep in
+# benchmarks/bench_kernels.py on an H200 (Qwen3-8B dims, G=4); the others are unmeasured.
+TUNING = {
+    ("lse", True): (64, 4),
+    ("lse", False): (64, 8),
+    ("probs", True): (128, 4),
+    ("probs", False): (64, 8),
+}
+
+
+def window_attention_scores(
+    q_window: torch.Tensor,
+    k_buffers: Sequence[torch.Tensor],
+    src_slots: torch.Tensor,
+    src_lens: torch.Tensor,
+    sm_scale: float,
+    *,
+    config: Optional[dict] = None,
+) -> torch.Tensor:
+    """Triton op of reference.window_attention_scores_ref (same contract).
+
+    Args:
+        q_window: [L, R, W, Hq, D] fp16/bf16/fp32, last dim contiguous, post-RoPE.
+        k_buffers: L tensors [slots, Hkv, D], the dtype of q_window; all layers share
+            shape and strides.
+        src_slots: [R, S_max] int64, contiguous rows; entries >= src_lens[r] are
+            padding and never read as keys.
+        src_lens: [R] int32/int64 with 1 <= src_lens[r] <= S_max (not checked on the
+            device: a 0 length gives NaN for that request).
+        sm_scale: float logit scale.
+        config: launch tuning only: {"lse": (BLOCK_S, num_warps), "probs": (...),
+            "n_splits": int}; missing keys use TUNING and a split heuristic.
+
+    Returns:
+        [L, R, Hkv, S_max] float32; softmax over keys in fp32, max over the G query
+        heads of each KV group, mean over W; padding entries are 0.
+    """
+    _check_inputs(q_window, k_buffers, src_slots, src_lens)
+    n_layers, n_req, w, hq, d = q_window.shape
+    device = q_window.device
+    hkv = k_buffers[0].shape[1]
+    s_max = src_slots.shape[1]
+    out = torch.empty(n_layers, n_req, hkv, s_max, dtype=torch.float32, device=device)
+    if out.numel() == 0:
+        return out
+
+    config = config or {}
+    g = hq // hkv
+    wp, gp = max(16, next_pow2(w)), next_pow2(g)
+    rows = wp * gp
+    lse_block, lse_warps = config.get("lse", TUNING[("lse", rows <= 64)])
+    probs_block, probs_warps = config.get("probs", TUNING[("probs", rows <= 64)])
+    lrh = n_layers * n_req * hkv
+    n_chunks = triton_cdiv(s_max, lse_block)
+    # Enough pass-1 programs to fill the GPU about 4 times over.
+    n_splits = config.get("n_splits") or triton_cdiv(4 * num_sms(device), lrh)
+    n_splits = max(1, min(n_splits, n_chunks))
+    chunks_per_split = triton_cdiv(n_chunks, n_splits)
+    n_splits = triton_cdiv(n_chunks, chunks_per_split)
+
+    m_part = torch.empty(lrh, n_splits, rows, dtype=torch.float32, device=device)
+    l_part = torch.empty_like(m_part)
+    table = layer_ptr_table(k_buffers)
+    k0 = k_buffers[0]
+    common = dict(
+        stride_ql=q_window.stride(0), stride_qr=q_window.stride(1),
+        stride_qw=q_window.stride(2), stride_qh=q_window.stride(3),
+        stride_ks=k0.stride(0), stride_kh=k0.stride(1), stride_src_r=src_slots.stride(0),
+        qk_scale=float(sm_scale) * _LOG2E,
+        W=w, G=g, HKV=hkv, WP=wp, GP=gp, D=d, BLOCK_D=max(16, next_pow2(d)),
+        N_SPLITS=n_splits, KV_DTYPE=triton_dtype(q_window.dtype),
+        # fp32 inputs: exact fp32 products rather than the TF32 default of tl.dot.
+        PRECISION="ieee" if q_window.dtype == torch.float32 else "tf32",
+    )
+    _window_lse_kernel[(lrh, n_splits)](
+        q_window, table, src_slots, src_lens, m_part, l_part,
+        n_req, chunks_per_split, BLOCK_S=lse_block, num_warps=lse_warps, **common,
+    )
+    _window_probs_kernel[(lrh, triton_cdiv(s_max, probs_block))](
+        q_window, table, src_slots, src_lens, m_part, l_part, out,
+        n_req, s_max, SPLITS_P=max(2, next_pow2(n_splits)),
+        BLOCK_S=probs_block, num_warps=probs_warps, **common,
+    )
+    return out
+
+
+def _check_inputs(q_window, k_buffers, src_slots, src_lens) -> None:
+    if q_window.dim() != 5:
+        raise ValueError(f"q_window: expected [L, R, W, Hq, D], got {tuple(q_window.shape)}")
+    n_layers, n_req, _, hq, d = q_window.shape
+    if len(k_buffers) != n_layers:
+        raise ValueError(f"k_buffers: {len(k_buffers)} layers, q_window has {n_layers}")
+    check_layer_buffers("k_buffers", k_buffers, 3)
+    _, hkv, d_k = k_buffers[0].shape
+    if d_k != d or hq % hkv != 0:
+        raise ValueError(f"q_window heads/dim {hq}/{d} do not fit k_buffers heads/dim {hkv}/{d_k}")
+    check_tensor("k_buffers[0]", k_buffers[0], (None, hkv, d), (q_window.dtype,), q_window.device)
+    if q_window.stride(-1) != 1:
+        raise ValueError(f"q_window: last dim must be contiguous, strides {q_window.stride()}")
+    check_tensor("src_slots", src_slots, (n_req, None), (torch.int64,), q_window.device)
+    check_tensor("src_lens", src_lens, (n_req,), (torch.int32, torch.int64), q_window.device)
+    if src_slots.stride(-1) != 1:
+        raise ValueError("src_slots: rows must be contiguous")
+
+
+def triton_cdiv(a: int, b: int) -> int:
+    return -(-int(a) // int(b))

@@ -1,0 +1,105 @@
+"""Launch helpers shared by the Triton wrappers: lazy jit, layer tables, checks.
+
+Kernels are decorated with `triton.jit` on their first launch, not at import.
+Triton picks the interpreter or the compiler when it decorates, so a CPU test
+only has to set TRITON_INTERPRET=1 before its first launch, whatever imported
+this package earlier.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Dict, Sequence, Tuple
+
+import torch
+
+_TABLE_CACHE: Dict[Tuple, torch.Tensor] = {}
+_TABLE_CACHE_MAX = 64
+
+
+class LazyJit:
+    """`kernel[grid](...)` that runs `triton.jit(fn)` on the first launch."""
+
+    def __init__(self, fn: Callable):
+        self.fn = fn
+        self._jitted = None
+
+    def __getitem__(self, grid):
+        if self._jitted is None:
+            import triton
+
+            self._jitted = triton.jit(self.fn)
+        return self._jitted[grid]
+
+
+def lazy_jit(fn: Callable) -> LazyJit:
+    return LazyJit(fn)
+
+
+def layer_ptr_table(buffers: Sequence[torch.Tensor]) -> torch.Tensor:
+    """[L] int64 tensor of data_ptr()s, on the buffers' device, cached.
+
+    One launch reads every layer through it: the kernel loads entry l and casts it
+    with `.to(tl.pointer_type(dtype))`. Cached by pointer values so decode-time
+    calls do not pay a host-to-device copy each time.
+    """
+    key = (buffers[0].device, tuple(b.data_ptr() for b in buffers))
+    table = _TABLE_CACHE.get(key)
+    if table is None:
+        if len(_TABLE_CACHE) >= _TABLE_CACHE_MAX:
+            _TABLE_CACHE.clear()
+        table = torch.tensor(key[1], dtype=torch.int64).to(buffers[0].device)
+        _TABLE_CACHE[key] = table
+    return table
+
+
+def check_layer_buffers(name: str, buffers: Sequence[torch.Tensor], ndim: int) -> None:
+    """All layers share shape, dtype, strides and device; last dim contiguous."""
+    if len(buffers) == 0:
+        raise ValueError(f"{name}: empty list of layer buffers")
+    ref = buffers[0]
+    if ref.dim() != ndim:
+        raise ValueError(f"{name}[0]: expected {ndim} dims, got shape {tuple(ref.shape)}")
+    if ref.stride(-1) != 1:
+        raise ValueError(f"{name}[0]: last dim must be contiguous, strides {ref.stride()}")
+    for i, b in enumerate(buffers):
+        if (b.shape, b.dtype, b.stride(), b.device) != (ref.shape, ref.dtype, ref.stride(), ref.device):
+            raise ValueError(
+                f"{name}[{i}]: shape/dtype/strides/device {tuple(b.shape)} {b.dtype} "
+                f"{b.stride()} {b.device} differ from layer 0: {tuple(ref.shape)} "
+                f"{ref.dtype} {ref.stride()} {ref.device}"
+            )
+
+
+def check_tensor(name: str, t: torch.Tensor, shape: Tuple, dtypes, device) -> None:
+    """Shape (None = any size), dtype (one of `dtypes`) and device check."""
+    if t.dim() != len(shape) or any(s is not None and s != n for s, n in zip(shape, t.shape)):
+        raise ValueError(f"{name}: expected shape {shape}, got {tuple(t.shape)}")
+    if t.dtype not in dtypes:
+        raise ValueError(f"{name}: expected dtype in {dtypes}, got {t.dtype}")
+    if t.device != device:
+        raise ValueError(f"{name}: on {t.device}, expected {device}")
+
+
+def triton_dtype(dtype: torch.dtype):
+    import triton.language as tl
+
+    table = {
+        torch.float16: tl.float16,
+        torch.bfloat16: tl.bfloat16,
+        torch.float32: tl.float32,
+        torch.uint8: tl.uint8,  # fp8 KV is stored as uint8 in SGLang
+        torch.int8: tl.int8,
+    }
+    if dtype not in table:
+        raise ValueError(f"unsupported KV dtype {dtype}; expected fp16, bf16, fp32 or uint8")
+    return table[dtype]
+
+
+def next_pow2(n: int) -> int:
+    return 1 << max(0, (int(n) - 1).bit_length())
+
+
+def num_sms(device: torch.device) -> int:
+    if device.type != "cuda":
+        return 4
+    return torch.cuda.get_device_properties(device).multi_processor_count

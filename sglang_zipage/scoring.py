@@ -1,0 +1,207 @@
+"""Selection: score every compressible token, then choose the tokens to keep.
+
+One function per stage; `score_tokens` chains them. All tensors are indexed
+[L, R, Hkv, S_max] (layer, request, KV head, position in the request's
+compressible range); position s of request r is valid when s < src_lens[r].
+
+Stages, exactly:
+  1. attention  a = window_attention_scores(...): for each of the last W queries and
+     each query head, softmax over the valid keys of q.k * sm_scale; max over the G
+     query heads of the KV group; mean over the W queries. Padding: 0.
+  2. pooling    where first[r]: a[s] = max(a[s-p//2 .. s+p//2] over valid positions)
+     (max-pool, kernel p = params.pooling, stride 1). Skipped when p == 1.
+  3. decay      g = max(a, decay * stored), stored = score_buffers[l][src_slots[r, s], h]
+     for s < n_stored[r], else 0 (newer tokens' score slots hold garbage).
+     Skipped (g = a) when decay == 0 or score_buffers is None. g is the global
+     score: the caller stores g of the kept tokens back through compact_kv.
+  4. redundancy (optional) keys e = k / |k| (fp32). mean_sim[s] = mean of e[s].e[t]
+     over the other valid tokens t != s: all of them ("full") or those in the same
+     block of lightning_block positions ("lightning"); 0 when there is none.
+     red = softmax over valid s of mean_sim / tau. final = lambda * g - (1 - lambda) * red.
+     With redundancy "none", final = g.
+  5. protect    the first `sink` valid tokens and the last `window` valid tokens get
+     +inf; padding gets -inf.
+Then select_topk keeps the k best positions per (layer, request, KV head).
+Imports torch and sglang_zipage.kernels only.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional, Sequence, Tuple
+
+import torch
+import torch.nn.functional as F
+
+from sglang_zipage.kernels import compact_kv, select_topk, window_attention_scores
+
+REDUNDANCY_MODES = ("none", "full", "lightning")
+
+
+@dataclass(frozen=True)
+class ScoringParams:
+    window: int = 16  # W: recent tokens always kept (and queries in the window)
+    decay: float = 0.8  # global-score decay; 0 disables the global score
+    redundancy: str = "none"  # "none" | "full" | "lightning"
+    redundancy_lambda: float = 0.2  # lambda: weight of g against redundancy
+    redundancy_tau: float = 0.4  # tau: softmax temperature of redundancy
+    pooling: int = 5  # max-pool kernel on the first compaction; 1 disables; odd
+    sink: int = 0  # first tokens of the compressible range always kept
+    lightning_block: int = 64  # block length (tokens) of "lightning" redundancy
+
+    def __post_init__(self):
+        if self.redundancy not in REDUNDANCY_MODES:
+            raise ValueError(f"redundancy={self.redundancy!r}: expected one of {REDUNDANCY_MODES}")
+        if self.pooling < 1 or self.pooling % 2 == 0:
+            raise ValueError(f"pooling={self.pooling}: expected an odd kernel >= 1")
+        if self.window < 0 or self.sink < 0 or self.decay < 0 or self.lightning_block < 1:
+            raise ValueError(f"invalid scoring params: {self}")
+        if self.redundancy_tau <= 0:
+            raise ValueError(f"redundancy_tau={self.redundancy_tau}: must be > 0")
+
+
+def valid_positions(src_lens: torch.Tensor, s_max: int) -> torch.Tensor:
+    """[R, S_max] bool: s < src_lens[r]."""
+    pos = torch.arange(s_max, device=src_lens.device)
+    return pos[None, :] < src_lens[:, None]
+
+
+def pool(attention: torch.Tensor, valid: torch.Tensor, first: torch.Tensor, kernel: int) -> torch.Tensor:
+    """Stage 2: max-pool over valid positions of the requests with first[r]."""
+    if kernel == 1:
+        return attention
+    mask = valid[None, :, None, :]
+    x = attention.masked_fill(~mask, float("-inf"))
+    pooled = F.max_pool1d(x.reshape(-1, 1, x.shape[-1]), kernel, stride=1, padding=kernel // 2)
+    pooled = pooled.view_as(x).masked_fill(~mask, 0.0)
+    return torch.where(first[None, :, None, None], pooled, attention)
+
+
+def decay_global(
+    attention: torch.Tensor,
+    score_buffers: Optional[Sequence[torch.Tensor]],
+    src_slots: torch.Tensor,
+    src_lens: torch.Tensor,
+    n_stored: torch.Tensor,
+    decay: float,
+) -> torch.Tensor:
+    """Stage 3: g = max(a, decay * stored score), stored = 0 beyond n_stored[r]."""
+    if decay == 0 or score_buffers is None:
+        return attention
+    stored = torch.stack([buf[src_slots] for buf in score_buffers])  # [L, R, S, Hkv]
+    stored = stored.permute(0, 1, 3, 2).float()
+    has_stored = valid_positions(torch.minimum(n_stored, src_lens), src_slots.shape[1])[None, :, None, :]
+    stored = torch.where(has_stored, stored, torch.zeros((), device=stored.device))
+    return torch.maximum(attention, decay * stored)
+
+
+def mean_key_similarity(keys: torch.Tensor, valid: torch.Tensor, block: Optional[int]) -> torch.Tensor:
+    """Mean cosine similarity of each valid key to the other valid keys.
+
+    keys: [R, Hkv, S, D]; valid: [R, S] bool; block: None (all pairs) or the block
+    length (pairs inside a block only). Returns [R, Hkv, S] float32, 0 at padding.
+    Uses sum_t e_s.e_t = e_s.(sum_t e_t), so no S x S matrix is built.
+    """
+    e = F.normalize(keys.float(), dim=-1) * valid[:, None, :, None]
+    n_req, hkv, s_max, d = e.shape
+    span = s_max if block is None else block
+    n_blocks = -(-s_max // span)
+    pad = n_blocks * span - s_max
+    e_b = F.pad(e, (0, 0, 0, pad)).view(n_req, hkv, n_blocks, span, d)
+    count = F.pad(valid, (0, pad)).view(n_req, 1, n_blocks, span).sum(-1, keepdim=True)
+    total = e_b.sum(dim=3, keepdim=True)  # [R, Hkv, nb, 1, D]
+    sim_sum = (e_b * total).sum(-1) - (e_b * e_b).sum(-1)  # drop self-similarity
+    mean = sim_sum / (count - 1).clamp(min=1)
+    return mean.view(n_req, hkv, -1)[..., :s_max]
+
+
+def redundancy(
+    k_buffers: Sequence[torch.Tensor], src_slots: torch.Tensor, valid: torch.Tensor, params: ScoringParams
+) -> torch.Tensor:
+    """Stage 4a: [L, R, Hkv, S_max] softmax over valid tokens of mean_sim / tau."""
+    block = params.lightning_block if params.redundancy == "lightning" else None
+    out = []
+    for buf in k_buffers:  # one layer at a time bounds the fp32 key copy
+        keys = buf[src_slots].permute(0, 2, 1, 3)  # [R, Hkv, S, D]
+        sim = mean_key_similarity(keys, valid, block) / params.redundancy_tau
+        sim = sim.masked_fill(~valid[:, None, :], float("-inf"))
+        out.append(torch.softmax(sim, dim=-1))
+    return torch.stack(out)
+
+
+def protect(final: torch.Tensor, src_lens: torch.Tensor, sink: int, window: int) -> torch.Tensor:
+    """Stage 5: +inf for the first `sink` and last `window` valid tokens, -inf for padding."""
+    pos = torch.arange(final.shape[-1], device=final.device)[None, :]
+    lens = src_lens[:, None]
+    valid = pos < lens
+    kept = valid & ((pos < sink) | (pos >= lens - window))
+    final = final.masked_fill(kept[None, :, None, :], float("inf"))
+    return final.masked_fill(~valid[None, :, None, :], float("-inf"))
+
+
+def score_tokens(
+    params: ScoringParams,
+    q_window: torch.Tensor,
+    k_buffers: Sequence[torch.Tensor],
+    score_buffers: Optional[Sequence[torch.Tensor]],
+    src_slots: torch.Tensor,
+    src_lens: torch.Tensor,
+    n_stored: torch.Tensor,
+    first: torch.Tensor,
+    sm_scale: float,
+) -> Tuple[torch.Tensor, torch.Tensor]:
+    """Score the compressible tokens of R requests over L layers.
+
+    Args:
+        params: ScoringParams.
+        q_window: [L, R, W, Hq, D] model dtype, post-RoPE queries of the last W steps.
+        k_buffers: L tensors [slots, Hkv, D] model dtype.
+        score_buffers: L tensors [slots, Hkv] float32 of stored global scores, or None.
+        src_slots: [R, S_max] int64 slot ids in sequence order (padding past src_lens).
+        src_lens: [R] int32/int64, 1 <= src_lens[r] <= S_max.
+        n_stored: [R] int: positions < n_stored[r] have a valid stored global score.
+        first: [R] bool: the request's first compaction (pooling applies only then).
+        sm_scale: logit scale.
+
+    Returns:
+        (final, global_score), both [L, R, Hkv, S_max] float32. final is what
+        select_topk ranks (+inf protected, -inf padding); global_score is g, to be
+        stored for kept tokens.
+    """
+    valid = valid_positions(src_lens, src_slots.shape[1])
+    attention = window_attention_scores(q_window, k_buffers, src_slots, src_lens, sm_scale)
+    attention = pool(attention, valid, first, params.pooling)
+    g = decay_global(attention, score_buffers, src_slots, src_lens, n_stored, params.decay)
+    final = g
+    if params.redundancy != "none":
+        red = redundancy(k_buffers, src_slots, valid, params)
+        final = params.redundancy_lambda * g - (1 - params.redundancy_lambda) * red
+    return protect(final, src_lens, params.sink, params.window), g
+
+
+def select_and_compact(
+    params: ScoringParams,
+    q_window: torch.Tensor,
+    k_buffers: Sequence[torch.Tensor],
+    v_buffers: Sequence[torch.Tensor],
+    score_buffers: Optional[Sequence[torch.Tensor]],
+    src_slots: torch.Tensor,
+    src_lens: torch.Tensor,
+    n_stored: torch.Tensor,
+    first: torch.Tensor,
+    sm_scale: float,
+    dst_slots: torch.Tensor,
+    k: int,
+) -> torch.Tensor:
+    """score_tokens + select_topk + compact_kv. Returns keep [L, R, Hkv, k] int64.
+
+    dst_slots: [R, k] int64 (see compact_kv); k <= min(src_lens). After the call,
+    score_buffers (if given) hold g of the kept tokens at dst_slots.
+    """
+    final, g = score_tokens(
+        params, q_window, k_buffers, score_buffers, src_slots, src_lens, n_stored, first, sm_scale
+    )
+    keep = select_topk(final, k)
+    kept_scores = torch.gather(g, -1, keep) if score_buffers is not None else None
+    compact_kv(k_buffers, v_buffers, score_buffers, src_slots, keep, dst_slots, kept_scores)
+    return keep
