@@ -92,7 +92,7 @@ def _reset_on_retract(result, req):
 
 def _report_state(result, scheduler, *args, **kwargs):
     running = scheduler.running_batch.reqs if scheduler.running_batch is not None else []
-    result["zipage"] = RUNTIME.report(running)
+    result.internal_state["zipage"] = RUNTIME.report(running)
     return result
 
 

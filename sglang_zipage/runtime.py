@@ -52,8 +52,9 @@ class ZipageRuntime:
         self.device = torch.device(pool.device)
         self.k_buffers, self.v_buffers = pool.k_buffer, pool.v_buffer
         layers, kv_heads, head_dim = len(pool.k_buffer), pool.head_num, pool.head_dim
-        q_heads = model_runner.model_config.num_attention_heads // model_runner.tp_size
-        self.sm_scale = head_dim ** -0.5
+        attn = next(m for m in model_runner.model.modules()
+                    if hasattr(m, "tp_q_head_num") and hasattr(m, "scaling"))  # RadixAttention
+        q_heads, self.sm_scale = attn.tp_q_head_num, attn.scaling
         # A slot is held only by requests whose own suffix exceeds the budget, so the pool
         # can never need more slots than this.
         slots = model_runner.max_total_num_tokens // (self.budget.limit - cfg.window) + 1

@@ -1,0 +1,46 @@
+"""Real servers on the bundled model (CPU in CI), shared by the e2e tests of a session.
+
+Every server runs SGLang's strict memory checker (leaks, double frees, page invariants
+are checked after every busy step); a checker failure kills the scheduler, which the
+tests see as a failed request or an unhealthy server and as a traceback in the log.
+"""
+
+import pytest
+
+from .server import STRICT_MEM_ENV, Server
+
+POOL_TOKENS = "640"  # too small for 4 x 400-token outputs, large enough for 4 budgets
+SMALL_BUDGET = ["--zipage-kv-budget", "64", "--zipage-buffer", "16"]
+
+
+def _server(tmp_path_factory, name, args):
+    log = tmp_path_factory.mktemp("servers") / f"{name}.log"
+    srv = Server(["--max-total-tokens", POOL_TOKENS, *args], log, env=STRICT_MEM_ENV)
+    yield srv
+    srv.stop()
+
+
+@pytest.fixture(scope="session")
+def zipage_server(tmp_path_factory):
+    """Compression on with a small budget (64 + buffer 16), so it compresses often."""
+    yield from _server(tmp_path_factory, "zipage", SMALL_BUDGET)
+
+
+@pytest.fixture(scope="session")
+def stock_server(tmp_path_factory):
+    """--zipage-disable: stock SGLang behaviour (only the CPU fixes and model default)."""
+    yield from _server(tmp_path_factory, "stock", ["--zipage-disable"])
+
+
+@pytest.fixture(scope="session")
+def default_server(tmp_path_factory):
+    """Compression on with the default budget: no short request ever compresses."""
+    yield from _server(tmp_path_factory, "default", [])
+
+
+def assert_healthy(server):
+    import requests
+
+    assert requests.get(server.url + "/health", timeout=30).status_code == 200
+    log = server.log()
+    assert "Traceback" not in log, log[log.index("Traceback"):][:3000]

@@ -1,0 +1,88 @@
+"""Compressed PagedAttention inside SGLang, on the real bundled model (issue 4).
+
+Servers (tests/e2e/conftest.py): `zipage_server` (budget 64 + buffer 16), `stock_server`
+(--zipage-disable) and `default_server` (budget 2048), all with a 640-token KV pool and
+SGLang's strict memory checker on.
+Run: .venv/bin/python -m pytest tests/e2e/test_compression.py
+"""
+
+import re
+from concurrent.futures import ThreadPoolExecutor
+
+from .conftest import assert_healthy
+from .server import chat_prompt, repetition_rate
+
+PROMPTS = [
+    "Explain how rainbows form.",
+    "Describe how a bicycle works.",
+    "Give advice to a student starting university.",
+]
+SYSTEM = ("You are a patient teacher. You explain science to children with short, clear "
+          "sentences, friendly examples from daily life, and no jargon. " * 5)
+
+
+def _parallel(server, prompts, n, **sampling):
+    with ThreadPoolExecutor(len(prompts)) as ex:
+        return list(ex.map(lambda p: server.generate(p, n, **sampling), prompts))
+
+
+def _running_counts(log_text):
+    return [int(m) for m in re.findall(r"#running-req: (\d+)", log_text)]
+
+
+def test_outputs_identical_to_stock_when_budget_never_fills(default_server, stock_server):
+    for p in PROMPTS:
+        ours = default_server.generate(chat_prompt(p), 80)
+        stock = stock_server.generate(chat_prompt(p), 80)
+        assert ours["text"] == stock["text"]
+    assert default_server.zipage_state()["compactions"] == 0
+
+
+def test_compression_keeps_footprint_bounded_and_text_fluent(zipage_server):
+    before = zipage_server.zipage_state()
+    outs = _parallel(zipage_server, [chat_prompt(p) for p in PROMPTS], 500, ignore_eos=True)
+    after = zipage_server.zipage_state()
+    assert all(o["meta_info"]["completion_tokens"] == 500 for o in outs)
+    # every request compresses once per 16 tokens after its first 80
+    assert after["compactions"] - before["compactions"] >= len(PROMPTS) * (500 - 80) // 16 - 3
+    assert after["max_suffix_tokens"] <= 80  # I6: suffix <= budget + buffer
+    for o in outs:
+        assert repetition_rate(o["text"]) < 0.5, o["text"]
+    assert_healthy(zipage_server)
+
+
+def test_shared_prompt_stays_cached_and_exact(zipage_server, stock_server):
+    def scenario(server):
+        server.generate(chat_prompt("Hello", SYSTEM), 1)  # the shared prompt enters the tree
+        outs = _parallel(server, [chat_prompt(q, SYSTEM) for q in PROMPTS], 200, ignore_eos=True)
+        fresh = server.generate(chat_prompt(PROMPTS[0], SYSTEM), 40)
+        return outs, fresh
+
+    z_outs, z_fresh = scenario(zipage_server)
+    s_outs, s_fresh = scenario(stock_server)
+    assert z_fresh["meta_info"]["cached_tokens"] >= s_fresh["meta_info"]["cached_tokens"] - 1
+    assert z_fresh["meta_info"]["cached_tokens"] >= z_fresh["meta_info"]["prompt_tokens"] - 40
+    assert z_fresh["text"] == s_fresh["text"]  # prompt KV untouched by the compressions
+    assert zipage_server.zipage_state()["max_suffix_tokens"] <= 80
+    assert_healthy(zipage_server)
+
+
+def test_budget_lets_requests_run_together_where_stock_queues(zipage_server, stock_server):
+    prompts = [chat_prompt(p) for p in PROMPTS + ["Write about the moon."]]
+    runs = {}
+    for name, server in (("zipage", zipage_server), ("stock", stock_server)):
+        start = len(server.log())
+        outs = _parallel(server, prompts, 400, ignore_eos=True)
+        assert all(o["meta_info"]["completion_tokens"] == 400 for o in outs)
+        runs[name] = (max(_running_counts(server.log()[start:]) or [0]),
+                      sum(o["meta_info"]["num_retractions"] for o in outs))
+    assert runs["zipage"] == (4, 0), runs  # 4 x (prompt + 80) fits the 640-token pool
+    stock_running, stock_retractions = runs["stock"]
+    assert stock_running < 4 or stock_retractions > 0, runs  # 4 x 430 tokens does not
+    assert_healthy(zipage_server)
+
+
+def test_output_longer_than_the_pool_completes(zipage_server):
+    out = zipage_server.generate(chat_prompt(PROMPTS[1]), 800, ignore_eos=True)
+    assert out["meta_info"]["completion_tokens"] == 800  # the pool holds 640 tokens
+    assert_healthy(zipage_server)

@@ -1,0 +1,52 @@
+"""The launcher's CLI: --help, and startup refusals that name the flag (issue 2, 4).
+
+Run: .venv/bin/python -m pytest tests/e2e/test_launcher.py
+"""
+
+import subprocess
+import sys
+
+import pytest
+
+from .server import REPO
+
+
+def _launch(*args, timeout=300):
+    return subprocess.run([sys.executable, "-m", "sglang_zipage.launch_server", *args],
+                          capture_output=True, text=True, timeout=timeout, cwd=str(REPO))
+
+
+def test_help_lists_zipage_flags_with_defaults():
+    r = _launch("--help")
+    assert r.returncode == 0
+    for flag in ("--zipage-kv-budget", "--zipage-buffer", "--zipage-window", "--zipage-disable",
+                 "--zipage-async", "--zipage-decay", "--zipage-redundancy", "--zipage-pooling",
+                 "--zipage-sink", "--model-path", "--attention-backend"):
+        assert flag in r.stdout
+    assert "default: 2048" in r.stdout
+
+
+@pytest.mark.parametrize("args, flag", [
+    (["--zipage-kv-budget", "0"], "--zipage-kv-budget"),
+    (["--zipage-kv-budget", "8", "--zipage-window", "16"], "--zipage-kv-budget"),
+    (["--zipage-decay", "1.5"], "--zipage-decay"),
+    (["--zipage-pooling", "4"], "--zipage-pooling"),
+    (["--zipage-redundancy", "sometimes"], "--zipage-redundancy"),
+    (["--zipage-kv-budget", "many"], "--zipage-kv-budget"),
+])
+def test_invalid_zipage_values_stop_startup_naming_the_flag(args, flag):
+    r = _launch(*args, "--model-path", "/nonexistent-model-never-loaded", timeout=60)
+    assert r.returncode != 0
+    assert flag in r.stderr
+
+
+def test_budget_must_be_page_aligned():
+    r = _launch("--page-size", "16", "--zipage-kv-budget", "100")
+    assert r.returncode != 0
+    assert "--zipage-kv-budget" in r.stderr and "--page-size 16" in r.stderr
+
+
+def test_unsupported_feature_is_refused_with_a_way_out():
+    r = _launch("--enable-mixed-chunk")
+    assert r.returncode != 0
+    assert "--enable-mixed-chunk" in r.stderr and "--zipage-disable" in r.stderr

@@ -1,0 +1,57 @@
+"""The launcher serves the bundled model through SGLang's APIs (issue 2).
+
+Run: .venv/bin/python -m pytest tests/e2e/test_serving.py
+"""
+
+import requests
+
+from .conftest import SMALL_BUDGET, assert_healthy
+from .server import STRICT_MEM_ENV, Server, chat_prompt
+
+
+def test_generate_returns_text(zipage_server):
+    out = zipage_server.generate(chat_prompt("Name three colors."), 24)
+    assert out["text"].strip()
+    assert out["meta_info"]["completion_tokens"] > 0
+
+
+def test_chat_completion_answers_sensibly(zipage_server):
+    r = requests.post(zipage_server.url + "/v1/chat/completions", json={
+        "model": "default", "temperature": 0, "max_tokens": 24,
+        "messages": [{"role": "user", "content": "What is the capital of France?"}]},
+        timeout=600)
+    r.raise_for_status()
+    body = r.json()
+    assert "Paris" in body["choices"][0]["message"]["content"]
+    assert body["choices"][0]["finish_reason"] == "stop"  # the EOS fix: chats end
+    assert body["usage"]["completion_tokens"] > 0
+
+
+def test_repeated_prompt_hits_radix_cache(zipage_server):
+    prompt = chat_prompt("Summarize: " + "The quick brown fox jumps over the lazy dog. " * 12)
+    first = zipage_server.generate(prompt, 4)
+    second = zipage_server.generate(prompt, 4)
+    assert second["meta_info"]["cached_tokens"] >= first["meta_info"]["prompt_tokens"] - 16
+    assert second["meta_info"]["cached_tokens"] > 0
+
+
+def test_scheduler_process_reports_active_config(zipage_server):
+    state = zipage_server.zipage_state()
+    assert state["active"] is True
+    assert state["config"]["kv_budget"] == 64 and state["config"]["buffer"] == 16
+    assert state["budget_limit_tokens"] == 80
+    assert_healthy(zipage_server)
+
+
+def test_disabled_server_installs_nothing(stock_server):
+    assert stock_server.zipage_state() is None
+    out = stock_server.generate(chat_prompt("Name three colors."), 8)
+    assert out["meta_info"]["completion_tokens"] > 0
+
+
+def test_sigterm_leaves_no_process(tmp_path):
+    srv = Server(["--max-total-tokens", "640", *SMALL_BUDGET], tmp_path / "s.log",
+                 env=STRICT_MEM_ENV)
+    assert srv.generate(chat_prompt("Hi"), 4)["text"] is not None
+    alive = srv.stop()
+    assert alive == [], f"processes left after SIGTERM: {alive}"

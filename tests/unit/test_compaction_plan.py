@@ -1,0 +1,90 @@
+"""Plan + execute on real SGLang pools (CPU): what moves, what is freed, what never changes.
+
+Uses SGLang 0.5.17's ReqToTokenPool, MHATokenToKVPool and token/paged allocators with the
+torch twins of the kernels. Run: .venv/bin/python -m pytest tests/unit/test_compaction_plan.py
+"""
+
+import pytest
+import torch
+
+from sglang.srt.mem_cache.allocator.paged import PagedTokenToKVPoolAllocator
+from sglang.srt.mem_cache.allocator.token import TokenToKVPoolAllocator
+from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool, ReqToTokenPool
+from sglang_zipage.compaction import CompactionItem, execute, plan_compaction
+from sglang_zipage.scoring import ScoringParams
+
+LAYERS, KV_HEADS, Q_HEADS, DIM, W = 2, 2, 4, 8, 4
+
+
+def _setup(page, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    pool = MHATokenToKVPool(size=1024, page_size=page, dtype=torch.float32, head_num=KV_HEADS,
+                            head_dim=DIM, layer_num=LAYERS, device="cpu", enable_memory_saver=False)
+    for buf in pool.k_buffer + pool.v_buffer:
+        buf.copy_(torch.randn(buf.shape, generator=g))
+    if page == 1:
+        alloc = TokenToKVPoolAllocator(1024, torch.float32, "cpu", pool, False)
+    else:
+        alloc = PagedTokenToKVPoolAllocator(1024, page, torch.float32, "cpu", pool, False)
+    alloc.free_pages = alloc.free_pages[torch.randperm(len(alloc.free_pages), generator=g)]
+    r2t = ReqToTokenPool(size=4, max_context_len=512, device="cpu", enable_memory_saver=False)
+    return pool, alloc, r2t, g
+
+
+def _give(alloc, r2t, rpi, n):
+    slots = alloc.alloc(n)
+    r2t.req_to_token[rpi, :n] = slots.to(torch.int32)
+    return slots
+
+
+@pytest.mark.parametrize("page", [1, 16])
+def test_plan_frees_surplus_pages_and_keeps_prompt_columns(page):
+    pool, alloc, r2t, g = _setup(page)
+    c0, k = 2 * page if page > 1 else 5, 4 * page if page > 1 else 12
+    lengths = {1: c0 + k + 3 * page + 3, 2: c0 + k + 2 * page}  # physical lengths
+    for rpi, n in lengths.items():
+        _give(alloc, r2t, rpi, -(-n // page) * page)
+    row_before = r2t.req_to_token.clone()
+    free_before = alloc.available_size()
+    items = [CompactionItem(rpi, c0, n - c0, 0, True, rpi) for rpi, n in lengths.items()]
+    plan, surplus = plan_compaction(r2t.req_to_token, items, k, page)
+    alloc.free(surplus)
+
+    assert torch.equal(r2t.req_to_token, row_before)  # planning never edits req_to_token
+    for i, (rpi, n) in enumerate(lengths.items()):
+        src = row_before[rpi, c0:n].long()
+        assert torch.equal(plan.src_slots[i, :n - c0], src)
+        assert torch.equal(plan.dst_slots[i], src[:k])  # in place: the suffix's own columns
+        assert (plan.src_slots[i, n - c0:] == 0).all()
+    freed_pages = {int(s) // page for s in surplus}
+    kept_pages = {int(s) // page for rpi, n in lengths.items() for s in row_before[rpi, :c0 + k]}
+    assert not freed_pages & kept_pages  # I2/I3: only whole surplus pages go back
+    assert alloc.available_size() - free_before == len(freed_pages) * page
+
+
+@pytest.mark.parametrize("page", [1, 16])
+def test_execute_keeps_window_and_leaves_other_slots_untouched(page):
+    pool, alloc, r2t, g = _setup(page, seed=1)
+    c0, k = (16, 32) if page > 1 else (3, 10)
+    n = c0 + k + (32 if page > 1 else 7)
+    _give(alloc, r2t, 1, -(-n // page) * page)
+    other = _give(alloc, r2t, 2, 2 * page if page > 1 else 9)  # another request
+    snapshot = [b.clone() for b in pool.k_buffer + pool.v_buffer]
+    item = CompactionItem(1, c0, n - c0, 0, True, 1)
+    plan, _ = plan_compaction(r2t.req_to_token, [item], k, page)
+    ring = torch.randn((LAYERS, 3, W, Q_HEADS, DIM), generator=g)
+    execute(plan, ScoringParams(window=W, decay=0.0), ring, pool.k_buffer, pool.v_buffer,
+            None, DIM ** -0.5)
+
+    row = r2t.req_to_token[1].long()
+    untouched = torch.cat([row[:c0], other.long()])
+    for before, after in zip(snapshot, pool.k_buffer + pool.v_buffer):
+        assert torch.equal(after[untouched], before[untouched])  # prompt + other request
+        # the recent window lands, in order, in the last W kept slots of every head
+        assert torch.equal(after[row[c0 + k - W:c0 + k]], before[row[n - W:n]])
+        # every kept row is one of the request's original suffix rows, per head
+        orig = before[row[c0:n]]
+        for h in range(KV_HEADS):
+            kept = after[row[c0:c0 + k], h]
+            match = (kept[:, None, :] == orig[None, :, h, :]).all(-1).any(1)
+            assert match.all()
