@@ -10,7 +10,7 @@ from __future__ import annotations
 import dataclasses
 import os
 
-import sglang
+from sglang.srt.entrypoints.engine import Engine as SGLangEngine
 
 from sglang_zipage import hooks
 from sglang_zipage import server_args as zargs
@@ -18,7 +18,7 @@ from sglang_zipage.config import ZipageConfig
 from sglang_zipage.proc import run_scheduler_process
 
 
-class Engine(sglang.Engine):
+class Engine(SGLangEngine):
     run_scheduler_process_func = staticmethod(run_scheduler_process)
 
     def __init__(self, zipage: ZipageConfig = None, **kwargs):

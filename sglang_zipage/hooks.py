@@ -73,8 +73,9 @@ def _lift_pool_cap(original, scheduler, req):
     page = scheduler.page_size
     paged_input = -(-len(req.origin_input_ids) // page) * page
     if paged_input + RUNTIME.budget.admission_reserve() + page < scheduler.max_total_num_tokens:
-        # The footprint is bounded by the budget, not by the output length.
-        cap = scheduler.max_req_len - len(req.origin_input_ids) - 1
+        # The footprint is bounded by the budget, so only the model's context length
+        # (logical positions) bounds the output, not the KV pool.
+        cap = scheduler.model_config.context_len - 1 - len(req.origin_input_ids) - 1
         limit = scheduler.max_new_tokens_limit
         want = requested if requested is not None else 1 << 30
         if limit is not None and limit > 0:

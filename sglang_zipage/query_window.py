@@ -34,6 +34,7 @@ class QueryWindow:
         self._free: List[int] = list(range(num_slots, 0, -1))  # pop() hands out slot 1 first
         self._owner: Dict[int, int] = {}  # req_pool_idx -> slot
         self._pending: Dict[int, int] = {}  # req_pool_idx -> slot to write at flush
+        self._rows = None  # ring rows of the current decode forward (set at layer 0)
 
     @property
     def nbytes(self) -> int:
@@ -75,11 +76,20 @@ class QueryWindow:
 
     def write(self, layer: int, q: torch.Tensor, req_pool_indices: torch.Tensor,
               positions: torch.Tensor) -> None:
-        """Store one decode step's queries q: [bs, Hq * D] of layer ``layer``."""
-        ring = self.ring[layer]
-        rows = self.slot_of_rpi[req_pool_indices]
-        cols = positions % self.window
-        ring[rows, cols] = q.view(q.shape[0], ring.shape[-2], ring.shape[-1]).to(ring.dtype)
+        """Store one decode step's queries q: [bs, Hq * D] of layer ``layer``.
+
+        The ring row of each query is computed once per forward (at layer 0) and reused
+        by the other layers; rows are copied as 8-byte words when the layout allows it
+        (4x fewer elements for bf16 than an element-wise index_put)."""
+        if layer == 0 or self._rows is None:
+            self._rows = (self.slot_of_rpi[req_pool_indices] * self.window
+                          + positions % self.window)
+        flat = self.ring[layer].view(-1, self.ring.shape[-2] * self.ring.shape[-1])
+        src = q.reshape(q.shape[0], -1).to(flat.dtype)
+        try:
+            flat.view(torch.int64)[self._rows] = src.view(torch.int64)
+        except RuntimeError:  # odd row sizes or strides: element-wise copy
+            flat[self._rows] = src
 
     def gather(self, slots: torch.Tensor) -> torch.Tensor:
         """Queries of the given slots for every layer: [L, R, W, Hq, D]."""

@@ -7,10 +7,7 @@ tests see as a failed request or an unhealthy server and as a traceback in the l
 
 import pytest
 
-from .server import STRICT_MEM_ENV, Server
-
-POOL_TOKENS = "640"  # too small for 4 x 400-token outputs, large enough for 4 budgets
-SMALL_BUDGET = ["--zipage-kv-budget", "64", "--zipage-buffer", "16"]
+from zipage_server import POOL_TOKENS, SMALL_BUDGET, STRICT_MEM_ENV, Server
 
 
 def _server(tmp_path_factory, name, args):
@@ -36,11 +33,3 @@ def stock_server(tmp_path_factory):
 def default_server(tmp_path_factory):
     """Compression on with the default budget: no short request ever compresses."""
     yield from _server(tmp_path_factory, "default", [])
-
-
-def assert_healthy(server):
-    import requests
-
-    assert requests.get(server.url + "/health", timeout=30).status_code == 200
-    log = server.log()
-    assert "Traceback" not in log, log[log.index("Traceback"):][:3000]

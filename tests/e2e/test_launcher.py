@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from .server import REPO
+from zipage_server import REPO
 
 
 def _launch(*args, timeout=300):

@@ -8,7 +8,7 @@ import os
 import subprocess
 import sys
 
-from .server import REPO
+from zipage_server import REPO
 
 CONVERT = "from sglang_zipage.model import bundled_model_path; print(bundled_model_path())"
 

@@ -5,8 +5,7 @@ Run: .venv/bin/python -m pytest tests/e2e/test_serving.py
 
 import requests
 
-from .conftest import SMALL_BUDGET, assert_healthy
-from .server import STRICT_MEM_ENV, Server, chat_prompt
+from zipage_server import SMALL_BUDGET, STRICT_MEM_ENV, Server, assert_healthy, chat_prompt
 
 
 def test_generate_returns_text(zipage_server):

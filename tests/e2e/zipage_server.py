@@ -14,6 +14,8 @@ import psutil
 import requests
 
 REPO = Path(__file__).resolve().parents[2]
+POOL_TOKENS = "640"  # too small for 4 x 300-token outputs, large enough for 4 budgets
+SMALL_BUDGET = ["--zipage-kv-budget", "64", "--zipage-buffer", "16"]
 STRICT_MEM_ENV = {
     "SGLANG_ENABLE_STRICT_MEM_CHECK_DURING_BUSY": "1",
     "SGLANG_CHECK_KV_PAGE_INVARIANTS": "1",
@@ -111,3 +113,11 @@ def repetition_rate(text: str, n: int = 4) -> float:
     words = text.split()
     grams = [tuple(words[i:i + n]) for i in range(len(words) - n + 1)]
     return 1 - len(set(grams)) / len(grams) if grams else 0.0
+
+
+def assert_healthy(server):
+    """The server answers and its log holds no traceback (the strict memory checker and
+    every scheduler error end in one)."""
+    assert requests.get(server.url + "/health", timeout=30).status_code == 200
+    log = server.log()
+    assert "Traceback" not in log, log[log.index("Traceback"):][:3000]

@@ -1,0 +1,144 @@
+"""The HF reference: teacher-forced decoding with Zipage's eviction, in plain transformers.
+
+The model's own modules (embeddings, RMSNorms, projections, MLPs, rotary embedding, LM head)
+run under a hand-written decode loop whose KV cache is a pair of tensors [B, Hkv, T, D] per
+layer, so eviction is just a gather: every KV head keeps its own `budget` suffix tokens and
+all heads keep the same number. Positions stay logical (RoPE uses prompt + step) while the
+cache shrinks, as in the engine (keys are cached after RoPE, so nothing is re-rotated).
+
+Schedule, step for step the engine's (sglang_zipage/budget.py, runtime.py):
+  step 0      the prompt's prefill gives the logits of reference token 0
+  step i >= 1 decode forward of reference token i-1, giving the logits of token i. Before
+              it, the cache holds the prompt plus `suffix` decode tokens (suffix = i - 1
+              until the first compaction). When suffix >= budget + buffer the suffix is
+              compacted to `budget` tokens, scored by the last W decode queries; then the
+              forward runs on the compacted cache.
+So the first compaction precedes step budget + buffer + 1 and the next ones come every
+`buffer` steps. `compactions_before` returns that count for any step.
+
+Every text of a batch has the same prompt and continuation lengths, so the batch compacts
+at once. Weights are the checkpoint's (bf16 for the bundled model); compute runs in `dtype`
+(float32 by default: the CPU has no fast bf16 path). The engine computes in bf16, so the
+two "full KV" runs differ slightly: that difference is the numerical noise floor reported
+next to the engine-vs-reference comparison.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from typing import Dict, List, Optional
+
+import torch
+import torch.nn.functional as F
+
+from selection import Eviction, rank_scores, select
+
+
+def compactions_before(step: int, ev: Optional[Eviction]) -> int:
+    """Compactions that happened before the forward that predicts reference token `step`."""
+    if ev is None or step < ev.limit + 1:
+        return 0
+    return 1 + (step - ev.limit - 1) // ev.buffer
+
+
+def _rotate_half(x):
+    h = x.shape[-1] // 2
+    return torch.cat((-x[..., h:], x[..., :h]), dim=-1)
+
+
+class HFReference:
+    def __init__(self, model_path: str, dtype=torch.float32, device: str = "cpu", model=None):
+        from transformers import AutoModelForCausalLM
+
+        if model is None:
+            model = AutoModelForCausalLM.from_pretrained(model_path, dtype=dtype)
+        self.model = model.to(device=device, dtype=dtype).eval()
+        cfg = self.model.config
+        self.device, self.dtype = torch.device(device), dtype
+        self.hq, self.hkv = cfg.num_attention_heads, cfg.num_key_value_heads
+        self.d = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+        self.scale = self.d ** -0.5
+        self.core = self.model.model
+
+    # ------------------------------------------------------------ forward
+    def _forward(self, ids: torch.Tensor, positions: torch.Tensor, cache: List, queries=None):
+        """ids [B, T] at logical positions [T]; appends to cache; returns last logits [B, V].
+        queries: per-layer lists that receive this step's post-RoPE query [B, Hq, D]."""
+        b, t = ids.shape
+        x = self.core.embed_tokens(ids)
+        cos, sin = self.core.rotary_emb(x, positions[None, :].expand(b, t))
+        cos, sin = cos[:, None], sin[:, None]  # [B, 1, T, D]
+        for li, layer in enumerate(self.core.layers):
+            attn = layer.self_attn
+            h = layer.input_layernorm(x)
+            q = attn.q_proj(h).view(b, t, self.hq, self.d).transpose(1, 2)
+            k = attn.k_proj(h).view(b, t, self.hkv, self.d).transpose(1, 2)
+            v = attn.v_proj(h).view(b, t, self.hkv, self.d).transpose(1, 2)
+            q = q * cos + _rotate_half(q) * sin
+            k = k * cos + _rotate_half(k) * sin
+            if cache[li] is None:
+                cache[li] = (k, v)
+            else:
+                cache[li] = (torch.cat([cache[li][0], k], 2), torch.cat([cache[li][1], v], 2))
+            kc, vc = cache[li]
+            if queries is not None:
+                queries[li].append(q[:, :, -1])
+            o = F.scaled_dot_product_attention(q, kc, vc, is_causal=t > 1, scale=self.scale,
+                                               enable_gqa=True)
+            x = x + attn.o_proj(o.transpose(1, 2).reshape(b, t, self.hq * self.d))
+            x = x + layer.mlp(layer.post_attention_layernorm(x))
+        return self.model.lm_head(self.core.norm(x[:, -1])).float()
+
+    # ---------------------------------------------------------- compaction
+    def _compact(self, cache, ring, stored, prompt_len: int, ev: Eviction, first: bool, gen):
+        for li in range(len(cache)):
+            k, v = cache[li]
+            ks, vs = k[:, :, prompt_len:], v[:, :, prompt_len:]
+            qw = torch.stack(list(ring[li]), dim=1)  # [B, W, Hq, D]
+            final, g = rank_scores(ev, qw, ks, stored[li], first, self.scale, gen)
+            keep = select(final, ev.budget)  # [B, Hkv, k]
+            idx = keep[..., None].expand(-1, -1, -1, self.d)
+            cache[li] = (torch.cat([k[:, :, :prompt_len], ks.gather(2, idx)], 2),
+                         torch.cat([v[:, :, :prompt_len], vs.gather(2, idx)], 2))
+            stored[li] = g.gather(-1, keep)
+
+    # ------------------------------------------------------------- public
+    @torch.no_grad()
+    def teacher_forced(self, prompts: torch.Tensor, refs: torch.Tensor,
+                       ev: Optional[Eviction] = None, progress=None) -> Dict:
+        """prompts [B, P], refs [B, C] token ids. Returns per step (lists [B][C]): logprob of
+        the reference token, top-1 token; and the compaction count before each step."""
+        prompts, refs = prompts.to(self.device), refs.to(self.device)
+        b, p = prompts.shape
+        c = refs.shape[1]
+        n_layers = len(self.core.layers)
+        cache = [None] * n_layers
+        w = ev.window if ev is not None else 1
+        ring = [deque(maxlen=w) for _ in range(n_layers)]
+        stored = [None] * n_layers
+        gen = torch.Generator().manual_seed(ev.seed) if ev is not None else None
+        lps, tops, ncs = [], [], []
+        compactions = 0
+
+        def record(logits, step):
+            lp = torch.log_softmax(logits, dim=-1)
+            lps.append(lp.gather(1, refs[:, step:step + 1])[:, 0].cpu())
+            tops.append(logits.argmax(-1).cpu())
+            ncs.append(compactions)
+
+        record(self._forward(prompts, torch.arange(p, device=self.device), cache), 0)
+        for step in range(1, c):
+            suffix = cache[0][0].shape[2] - p
+            if ev is not None and suffix >= ev.limit:
+                assert len(ring[0]) == ev.window
+                self._compact(cache, ring, stored, p, ev, compactions == 0, gen)
+                compactions += 1
+            pos = torch.tensor([p + step - 1], device=self.device)
+            logits = self._forward(refs[:, step - 1:step], pos, cache,
+                                   queries=ring if ev is not None else None)
+            record(logits, step)
+            if progress is not None and step % 128 == 0:
+                progress(step, c)
+        assert ncs == [compactions_before(i, ev) for i in range(c)]
+        return {"logprob": torch.stack(lps, 1).tolist(), "top1": torch.stack(tops, 1).tolist(),
+                "compactions_before": ncs}

@@ -1,0 +1,127 @@
+"""Fidelity metrics: NLL ratio, top-1 agreement, length inflation, repetition, and their noise.
+
+Per (implementation, budget, variant), over the texts' steps that come after the first
+compaction (the compressed run's own `compactions_before` >= 1; the full-KV run of the same
+implementation is scored on the same steps):
+  nll_ratio       sum of -logprob(reference token), compressed / full-KV, pooled over texts
+  nll_ratio_ci95  bootstrap over texts (resampling whole texts, 2000 draws, seed 0)
+  top1_agreement  share of steps where compressed and full-KV top-1 tokens agree
+  top1_acc        share of steps where the compressed top-1 is the reference token
+Free running (engine only), per budget and variant, over the free prompts:
+  length_inflation  sum of completion tokens, compressed / full-KV
+  repetition_rate   mean share of word 4-grams that repeat an earlier one (0 = none)
+"""
+
+from __future__ import annotations
+
+import random
+from typing import Dict, List, Optional, Sequence
+
+BOOT_DRAWS = 2000
+
+
+def repetition_rate(text: str, n: int = 4) -> float:
+    """Share of word n-grams that repeat an earlier one (as tests/e2e use it)."""
+    words = text.split()
+    grams = [tuple(words[i:i + n]) for i in range(len(words) - n + 1)]
+    return 1 - len(set(grams)) / len(grams) if grams else 0.0
+
+
+def scored_steps(rec: Dict) -> List[int]:
+    return [i for i, n in enumerate(rec["compactions_before"]) if n >= 1]
+
+
+def _sums(comp: Dict[str, Dict], full: Dict[str, Dict], ids: Sequence[str], refs: Dict):
+    """Per text: (nll_c, nll_f, agree, acc, acc_full, n) over the compressed run's scored steps."""
+    out = {}
+    for tid in ids:
+        c, f = comp[tid], full[tid]
+        steps = scored_steps(c)
+        out[tid] = dict(
+            nll_c=-sum(c["logprob"][i] for i in steps),
+            nll_f=-sum(f["logprob"][i] for i in steps),
+            agree=sum(c["top1"][i] == f["top1"][i] for i in steps),
+            acc=sum(c["top1"][i] == refs[tid][i] for i in steps),
+            n=len(steps))
+    return out
+
+
+def _ratio(per: Dict[str, Dict], ids: Sequence[str]) -> Optional[float]:
+    den = sum(per[t]["nll_f"] for t in ids)
+    return sum(per[t]["nll_c"] for t in ids) / den if den > 0 else None
+
+
+def bootstrap(ids: List[str], stat, draws: int = BOOT_DRAWS, seed: int = 0):
+    """95% percentile interval of stat(resampled ids); None for fewer than 2 texts."""
+    if len(ids) < 2:
+        return None
+    rng = random.Random(seed)
+    vals = sorted(v for v in (stat([rng.choice(ids) for _ in ids]) for _ in range(draws))
+                  if v is not None)
+    return [vals[int(0.025 * len(vals))], vals[int(0.975 * len(vals)) - 1]]
+
+
+def compare(comp: Dict[str, Dict], full: Dict[str, Dict], refs: Dict[str, List[int]]) -> Dict:
+    ids = sorted(comp)
+    per = _sums(comp, full, ids, refs)
+    n = sum(p["n"] for p in per.values())
+    return {
+        "nll_ratio": _ratio(per, ids),
+        "nll_ratio_ci95": bootstrap(ids, lambda s: _ratio(per, s)),
+        "top1_agreement": sum(p["agree"] for p in per.values()) / n if n else None,
+        "top1_acc": sum(p["acc"] for p in per.values()) / n if n else None,
+        "nll_per_token": sum(p["nll_c"] for p in per.values()) / n if n else None,
+        "nll_per_token_full": sum(p["nll_f"] for p in per.values()) / n if n else None,
+        "scored_tokens": n,
+        "per_text": {t: {"nll_ratio": per[t]["nll_c"] / per[t]["nll_f"] if per[t]["nll_f"] else None,
+                         "top1_agreement": per[t]["agree"] / per[t]["n"] if per[t]["n"] else None,
+                         "scored_tokens": per[t]["n"]} for t in ids},
+    }
+
+
+def paired_ratio_difference(a_comp, a_full, b_comp, b_full, refs) -> Dict:
+    """Pooled nll_ratio of implementation a minus b on the same texts, with a paired
+    bootstrap over texts (the same resampled texts for both)."""
+    ids = sorted(a_comp)
+    pa, pb = _sums(a_comp, a_full, ids, refs), _sums(b_comp, b_full, ids, refs)
+
+    def stat(s):
+        ra, rb = _ratio(pa, s), _ratio(pb, s)
+        return None if ra is None or rb is None else ra - rb
+
+    diff = stat(ids)
+    ci = bootstrap(ids, stat)
+    return {"diff": diff, "ci95": ci,
+            "within_noise": (ci[0] <= 0 <= ci[1]) if ci else None}
+
+
+def full_kv_agreement(a: Dict[str, Dict], b: Dict[str, Dict]) -> Dict:
+    """Two full-KV runs (engine, HF): the numerical noise floor, over every step."""
+    ids = sorted(a)
+    n = sum(len(a[t]["logprob"]) for t in ids)
+    nll_a = -sum(sum(a[t]["logprob"]) for t in ids)
+    nll_b = -sum(sum(b[t]["logprob"]) for t in ids)
+    agree = sum(x == y for t in ids for x, y in zip(a[t]["top1"], b[t]["top1"]))
+    dlp = [abs(x - y) for t in ids for x, y in zip(a[t]["logprob"], b[t]["logprob"])]
+    return {"nll_per_token_a": nll_a / n, "nll_per_token_b": nll_b / n,
+            "nll_ratio_a_over_b": nll_a / nll_b, "top1_agreement": agree / n,
+            "mean_abs_logprob_diff": sum(dlp) / n, "max_abs_logprob_diff": max(dlp),
+            "tokens": n}
+
+
+def _stopped(out: Dict) -> bool:
+    fr = out.get("finish_reason")
+    return isinstance(fr, dict) and fr.get("type") == "stop"
+
+
+def free_running(comp: Dict[str, Dict], full: Dict[str, Dict]) -> Dict:
+    ids = sorted(comp)
+    lc = sum(comp[t]["completion_tokens"] for t in ids)
+    lf = sum(full[t]["completion_tokens"] for t in ids)
+    return {"length_inflation": lc / lf if lf else None,
+            "mean_completion_tokens": lc / len(ids), "mean_completion_tokens_full": lf / len(ids),
+            "repetition_rate": sum(repetition_rate(comp[t]["text"]) for t in ids) / len(ids),
+            "repetition_rate_full": sum(repetition_rate(full[t]["text"]) for t in ids) / len(ids),
+            "stopped_by_eos": sum(_stopped(comp[t]) for t in ids),
+            "stopped_by_eos_full": sum(_stopped(full[t]) for t in ids),
+            "prompts": len(ids)}

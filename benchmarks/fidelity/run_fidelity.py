@@ -1,0 +1,462 @@
+#!/usr/bin/env python3
+"""Fidelity of Compressed PagedAttention in the SGLang integration (issue 8, part 2).
+
+What it measures
+  Teacher forcing: every text is cut into a prompt (its first --prompt-len tokens, never
+  compressed) and a reference continuation (the next --cont-len tokens). The engine decodes
+  the reference token by token, compressing as it goes, and records the log-probability it
+  gave each reference token before forcing it, and its top-1 token (forcing.py says how,
+  and why SGLang's own returned logprobs cannot be used). Each compressed run is compared
+  with the full-KV run of the same implementation over the steps after its first
+  compaction: NLL ratio (compressed / full) and top-1 agreement (metrics.py).
+  Budgets: --budgets fractions of the continuation length (kv_budget = frac * cont_len
+  tokens per KV head), buffer --buffer, window --window.
+  Variants (cumulative): window = window attention only; +decay = plus the global score
+  (decay 0.8); +redundancy = plus R-KV redundancy ("full"); +pooling = plus max-pooling 5
+  on the first compaction. Controls with the same budget and protected window: random =
+  keep random tokens, recent = keep only the most recent tokens.
+  Implementations: "engine" = sglang_zipage.Engine (the integrated path: hooks, kernels,
+  attention backend), one process per configuration (engine_runner.py); "hf" = a plain
+  transformers decode loop with the same per-head top-k eviction (hf_reference.py,
+  selection.py). The engine must lose nothing beyond what the algorithm loses: per variant,
+  engine nll_ratio - hf nll_ratio, with a paired bootstrap over texts.
+  Free running (engine): greedy generations from chat prompts, up to --free-max-new tokens,
+  with and without compression: length inflation and word 4-gram repetition rate.
+  The engine's controls need a selection knob in sglang_zipage (zipage_selection =
+  score | random | recent); until ZipageConfig has it they run in the HF reference only.
+
+Presets
+  --preset subset  2 texts x 256 tokens, budget 25%, engine: window and +pooling, HF: all
+                   six; 2 free prompts x 256 tokens. CPU: about 10 minutes.
+  --preset full    12 texts x 1024 tokens, budgets 12.5/25/50%, every variant in both
+                   implementations; 12 free prompts x 1536 tokens.
+  Any preset value can be overridden (--n-texts, --cont-len, --budgets, ...).
+
+Commands
+  CPU subset (writes the committed subset result):
+    .venv/bin/python benchmarks/fidelity/run_fidelity.py --preset subset \
+        --out benchmarks/results/fidelity.json --png benchmarks/results/fidelity.png
+  Full set (GPU machine; the HF reference runs there too with --hf-device cuda):
+    python benchmarks/fidelity/run_fidelity.py --preset full --hf-device cuda \
+        --workdir $OUT/fidelity-parts --out $OUT/fidelity.json --png $OUT/fidelity.png
+  --resume reuses the per-configuration part files in --workdir, so a run cut short (or
+  split over several calls) picks up where it stopped. Redraw the PNG from the JSON with
+  benchmarks/fidelity/plot_fidelity.py.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import shlex
+import subprocess
+import sys
+import time
+from typing import Dict, List, Optional
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.dirname(os.path.dirname(HERE))
+sys.path.insert(0, HERE)
+
+import metrics  # noqa: E402
+
+# name -> (description, scoring parameters, selection policy)
+VARIANTS = {
+    "window": ("window attention only", dict(decay=0.0, pooling=1, redundancy="none"), "score"),
+    "+decay": ("+ global score, decay 0.8", dict(decay=0.8, pooling=1, redundancy="none"), "score"),
+    "+redundancy": ("+ redundancy (R-KV, full)", dict(decay=0.8, pooling=1, redundancy="full"),
+                    "score"),
+    "+pooling": ("+ max-pooling 5 on the first compaction (all stages)",
+                 dict(decay=0.8, pooling=5, redundancy="full"), "score"),
+    "random": ("control: keep random tokens (+ the protected window)",
+               dict(decay=0.0, pooling=1, redundancy="none"), "random"),
+    "recent": ("control: keep only the most recent tokens",
+               dict(decay=0.0, pooling=1, redundancy="none"), "recent"),
+    # extras, not in the presets
+    "default": ("the engine's defaults: decay 0.8, pooling 5, no redundancy",
+                dict(decay=0.8, pooling=5, redundancy="none"), "score"),
+    "+lightning": ("decay 0.8, pooling 5, lightning redundancy",
+                   dict(decay=0.8, pooling=5, redundancy="lightning"), "score"),
+}
+SCORING = ["window", "+decay", "+redundancy", "+pooling"]
+CONTROLS = ["random", "recent"]
+PRESETS = {
+    "subset": dict(n_texts=2, prompt_len=64, cont_len=256, budgets=[0.25], buffer=16, window=16,
+                   engine_variants=["window", "+pooling"], hf_variants=SCORING + CONTROLS,
+                   n_free=2, free_max_new=256),
+    "full": dict(n_texts=12, prompt_len=64, cont_len=1024, budgets=[0.125, 0.25, 0.5],
+                 buffer=32, window=16, engine_variants=SCORING + CONTROLS,
+                 hf_variants=SCORING + CONTROLS, n_free=12, free_max_new=1536),
+}
+
+
+def log(msg: str) -> None:
+    print(f"[fidelity {time.strftime('%H:%M:%S')}] {msg}", flush=True)
+
+
+# ------------------------------------------------------------------ arguments
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    a = p.add_argument
+    a("--preset", choices=sorted(PRESETS), default="full")
+    a("--n-texts", type=int)
+    a("--prompt-len", type=int)
+    a("--cont-len", type=int)
+    a("--budgets", type=lambda s: [float(x) for x in s.split(",")], help="e.g. 0.125,0.25,0.5")
+    a("--buffer", type=int)
+    a("--window", type=int)
+    a("--engine-variants", type=lambda s: [x for x in s.split(",") if x],
+      help=f"comma list of {', '.join(VARIANTS)}; empty string: none")
+    a("--hf-variants", type=lambda s: [x for x in s.split(",") if x])
+    a("--n-free", type=int, help="free-running prompts (0: skip free running)")
+    a("--free-max-new", type=int)
+    a("--skip-engine", action="store_true")
+    a("--skip-hf", action="store_true")
+    a("--hf-device", default="cpu")
+    a("--hf-dtype", default="float32", choices=["float32", "bfloat16"])
+    a("--hf-threads", type=int, default=None, help="torch threads of the HF reference")
+    a("--engine-arg", action="append", default=[], metavar="KEY=VALUE",
+      help="extra sglang_zipage.Engine keyword (VALUE parsed as JSON when it can be)")
+    a("--engine-timeout-s", type=int, default=3600)
+    a("--workdir", default=None, help="part files (default /tmp/fidelity-<preset>)")
+    a("--resume", action="store_true", help="reuse part files found in --workdir")
+    a("--out", default=os.path.join(REPO, "benchmarks", "results", "fidelity.json"))
+    a("--raw-out", default=None, help="per-step data (default: <out>_raw.json)")
+    a("--png", default=None)
+    args = p.parse_args(argv)
+    for k, v in PRESETS[args.preset].items():
+        if getattr(args, k) is None:
+            setattr(args, k, v)
+    for v in args.engine_variants + args.hf_variants:
+        if v not in VARIANTS:
+            p.error(f"unknown variant {v!r}; known: {', '.join(VARIANTS)}")
+    args.workdir = args.workdir or f"/tmp/fidelity-{args.preset}"
+    args.raw_out = args.raw_out or os.path.splitext(args.out)[0] + "_raw.json"
+    return args
+
+
+def budget_tokens(frac: float, cont_len: int) -> int:
+    return max(1, round(frac * cont_len))
+
+
+def config_name(frac: Optional[float], variant: Optional[str]) -> str:
+    return "full" if frac is None else f"b{frac:g}-{variant}"
+
+
+# -------------------------------------------------------------------- engine
+def engine_has_selection() -> bool:
+    from sglang_zipage.config import ZipageConfig
+
+    return "selection" in {f.name for f in dataclasses.fields(ZipageConfig)}
+
+
+def engine_kwargs(args, frac, variant, items, free_prompts) -> Dict:
+    kw = {"enable_custom_logit_processor": True,
+          # the forcing processor counts its calls per request; without overlap scheduling
+          # that count is len(output_ids) (forcing.py); and greedy + seed: deterministic
+          "disable_overlap_schedule": True, "random_seed": 0}
+    import torch
+
+    if not torch.cuda.is_available():
+        need = max(len(items) * (args.prompt_len + args.cont_len),
+                   sum(len(f) for f in free_prompts) + len(free_prompts) * args.free_max_new)
+        kw["max_total_tokens"] = int(need * 1.1) + 1024
+    if frac is None:
+        kw["zipage_enabled"] = False
+    else:
+        _, params, policy = VARIANTS[variant]
+        kw.update({f"zipage_{k}": v for k, v in params.items()})
+        kw.update(zipage_kv_budget=budget_tokens(frac, args.cont_len), zipage_buffer=args.buffer,
+                  zipage_window=args.window)
+        if policy != "score":
+            kw["zipage_selection"] = policy
+    for item in args.engine_arg:
+        k, _, v = item.partition("=")
+        try:
+            v = json.loads(v)
+        except ValueError:
+            pass
+        kw[k] = v
+    return kw
+
+
+def run_engine(args, name, kw, items, free) -> Dict:
+    part = os.path.join(args.workdir, f"engine_{name}.json")
+    if args.resume and os.path.exists(part):
+        log(f"engine {name}: reusing {part}")
+        return json.load(open(part))
+    spec = {"name": name, "engine_kwargs": kw, "free_max_new": args.free_max_new,
+            "items": [dict(id=it.id, prompt_ids=it.prompt_ids, ref_ids=it.ref_ids) for it in items],
+            "free": [dict(id=it.id, prompt_ids=it.free_prompt_ids) for it in free]}
+    spec_path = os.path.join(args.workdir, f"spec_{name}.json")
+    json.dump(spec, open(spec_path, "w"))
+    log(f"engine {name}: starting ({len(items)} texts x {args.cont_len} forced tokens, "
+        f"{len(free)} free prompts x <= {args.free_max_new} tokens) {kw}")
+    t0 = time.time()
+    subprocess.run([sys.executable, os.path.join(HERE, "engine_runner.py"), spec_path, part],
+                   check=True, timeout=args.engine_timeout_s)
+    res = json.load(open(part))
+    ok = all(r["forced_ok"] for r in res["forced"].values())
+    log(f"engine {name}: done in {time.time() - t0:.0f} s (start {res['start_s']:.0f} s, forced "
+        f"{res['forced_s']:.0f} s, free {res.get('free_s', 0):.0f} s); forced tokens emitted: {ok}")
+    return res
+
+
+# ------------------------------------------------------------------------ HF
+def run_hf(args, ref, name, ev, items) -> Dict:
+    import torch
+
+    part = os.path.join(args.workdir, f"hf_{name}.json")
+    if args.resume and os.path.exists(part):
+        log(f"hf {name}: reusing {part}")
+        return json.load(open(part))
+    prompts = torch.tensor([it.prompt_ids for it in items])
+    refs = torch.tensor([it.ref_ids for it in items])
+    t0 = time.time()
+    out = ref.teacher_forced(prompts, refs, ev, progress=lambda s, c: log(
+        f"hf {name}: step {s}/{c}, {s * len(items) / (time.time() - t0):.1f} tok/s"))
+    res = {"name": name, "eviction": dataclasses.asdict(ev) if ev else None,
+           "seconds": time.time() - t0,
+           "forced": {it.id: {"logprob": out["logprob"][i], "top1": out["top1"][i],
+                              "compactions_before": out["compactions_before"]}
+                      for i, it in enumerate(items)}}
+    json.dump(res, open(part, "w"))
+    log(f"hf {name}: done in {res['seconds']:.0f} s")
+    return res
+
+
+# ------------------------------------------------------------------- summary
+def versions() -> Dict:
+    out = {"python": sys.version.split()[0]}
+    for mod in ("sglang", "torch", "transformers", "triton", "sglang_zipage"):
+        try:
+            out[mod] = __import__(mod).__version__
+        except Exception as e:
+            out[mod] = f"unavailable: {e}"
+    return out
+
+
+def git_sha() -> Optional[str]:
+    try:
+        sha = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True,
+                             text=True, timeout=10, check=True).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain"], cwd=REPO, capture_output=True,
+                               text=True, timeout=10).stdout.strip()
+        return sha + ("+dirty" if dirty else "")
+    except Exception:
+        return os.environ.get("ZIPAGE_COMMIT")
+
+
+def device_name() -> str:
+    import torch
+
+    if torch.cuda.is_available():
+        return torch.cuda.get_device_name(0)
+    return f"cpu ({os.cpu_count()} cores)"
+
+
+def summarize(args, items, engine_runs, hf_runs, free_items) -> Dict:
+    refs = {it.id: it.ref_ids for it in items}
+    rows, vs, raw = [], [], {"engine": {}, "hf": {}}
+    full = {"engine": engine_runs.get("full"), "hf": hf_runs.get("full")}
+    checks = {"engine_forced_tokens_emitted": True, "engine_steps_equal_output_len": True,
+              "engine_schedule_matches_formula": True}
+    from hf_reference import compactions_before
+    from selection import Eviction
+
+    for impl, runs in (("engine", engine_runs), ("hf", hf_runs)):
+        for name, run in runs.items():
+            raw[impl][name] = run["forced"]
+            if impl == "engine":
+                checks["engine_forced_tokens_emitted"] &= all(
+                    r["forced_ok"] for r in run["forced"].values())
+                checks["engine_steps_equal_output_len"] &= all(
+                    r["steps_match_output_len"] for r in run["forced"].values())
+            if name == "full" or full[impl] is None:
+                continue
+            frac, variant = run["frac"], run["variant"]
+            b = budget_tokens(frac, args.cont_len)
+            if impl == "engine":
+                ev = Eviction(budget=b, buffer=args.buffer, window=args.window)
+                want = [compactions_before(i, ev) for i in range(args.cont_len)]
+                checks["engine_schedule_matches_formula"] &= all(
+                    r["compactions_before"] == want for r in run["forced"].values())
+            row = {"impl": impl, "budget_frac": frac, "budget_tokens": b, "variant": variant,
+                   **metrics.compare(run["forced"], full[impl]["forced"], refs)}
+            if impl == "engine" and run.get("free") and full["engine"].get("free"):
+                row.update(metrics.free_running(run["free"], full["engine"]["free"]))
+                raw["engine"][name + "/free"] = run["free"]
+            rows.append(row)
+    if full["engine"] and full["engine"].get("free"):
+        raw["engine"]["full/free"] = full["engine"]["free"]
+    by = {(r["impl"], r["budget_frac"], r["variant"]): r for r in rows}
+    for (impl, frac, variant), r in sorted(by.items(), key=lambda kv: (kv[0][1], kv[0][2])):
+        if impl != "engine" or ("hf", frac, variant) not in by:
+            continue
+        name = config_name(frac, variant)
+        d = metrics.paired_ratio_difference(engine_runs[name]["forced"], full["engine"]["forced"],
+                                            hf_runs[name]["forced"], full["hf"]["forced"], refs)
+        vs.append({"budget_frac": frac, "variant": variant,
+                   "engine_nll_ratio": r["nll_ratio"], "hf_nll_ratio": by[("hf", frac, variant)]["nll_ratio"],
+                   "engine_minus_hf": d["diff"], "ci95": d["ci95"], "within_noise": d["within_noise"]})
+    out = {
+        "name": "fidelity",
+        "subset": not (args.preset == "full" and args.n_texts >= 10 and args.cont_len >= 1024),
+        "label": (f"{args.preset} preset: {len(items)} texts x {args.cont_len} forced tokens, "
+                  f"budgets {args.budgets}, engine variants {args.engine_variants}, "
+                  f"HF variants {args.hf_variants}"),
+        "command": " ".join(shlex.quote(x) for x in [os.path.relpath(sys.argv[0], REPO)] + sys.argv[1:]),
+        "config": {k: v for k, v in vars(args).items() if k not in ("out", "raw_out", "png")},
+        "versions": versions(), "git_sha": git_sha(), "device": device_name(),
+        "engine_selection_knob": engine_has_selection(),
+        "variants": {k: {"description": d, **p, "policy": pol} for k, (d, p, pol) in VARIANTS.items()},
+        "texts": [{"id": it.id, "kind": it.kind, "title": it.title,
+                   "prompt_tokens": len(it.prompt_ids), "continuation_tokens": len(it.ref_ids)}
+                  for it in items],
+        "free_prompts": [{"id": it.id, "prompt": it.free_prompt} for it in free_items],
+        "results": rows,
+        "engine_vs_hf": vs,
+        "full_kv": {},
+        "checks": checks,
+        "timings_s": {**{f"engine/{k}": {x: v.get(x) for x in ("start_s", "forced_s", "free_s", "total_s")}
+                         for k, v in engine_runs.items()},
+                      **{f"hf/{k}": v["seconds"] for k, v in hf_runs.items()}},
+        "zipage_counters": {k: v.get("zipage_after_forced") for k, v in engine_runs.items()},
+        "metrics_doc": metrics.__doc__.strip(),
+    }
+    if full["engine"] and full["hf"]:
+        out["full_kv"]["engine_vs_hf"] = metrics.full_kv_agreement(full["engine"]["forced"],
+                                                                   full["hf"]["forced"])
+    out["goals_at_25pct"] = goals(rows, vs, engine_runs, hf_runs, full, refs)
+    return out, raw
+
+
+def goals(rows, vs, engine_runs, hf_runs, full, refs) -> Dict:
+    g = {}
+    at = [r for r in rows if abs(r["budget_frac"] - 0.25) < 1e-9]
+    if not at:
+        return {"note": "no 25% budget in this run"}
+    near = [v for v in vs if abs(v["budget_frac"] - 0.25) < 1e-9]
+    g["engine_within_noise_of_hf"] = {v["variant"]: v["within_noise"] for v in near}
+    for impl, runs in (("engine", engine_runs), ("hf", hf_runs)):
+        mine = {r["variant"]: r for r in at if r["impl"] == impl}
+        scoring = [v for v in SCORING if v in mine]
+        if not scoring:
+            continue
+        best = min(scoring, key=lambda v: mine[v]["nll_ratio"])
+        res = {"best_variant": best, "best_nll_ratio": mine[best]["nll_ratio"]}
+        for c in CONTROLS:
+            if c in mine:
+                d = metrics.paired_ratio_difference(
+                    runs[config_name(0.25, best)]["forced"], full[impl]["forced"],
+                    runs[config_name(0.25, c)]["forced"], full[impl]["forced"], refs)
+                res[f"vs_{c}"] = {"control_nll_ratio": mine[c]["nll_ratio"],
+                                  "best_minus_control": d["diff"], "ci95": d["ci95"],
+                                  "clearly_better": (d["ci95"][1] < 0) if d["ci95"] else None}
+        if "window" in mine and mine["window"]["nll_ratio"] > 1:
+            gap_w, gap_b = mine["window"]["nll_ratio"] - 1, mine[best]["nll_ratio"] - 1
+            res["gap_best_over_gap_window"] = gap_b / gap_w
+            res["stretch_gap_halved"] = gap_b <= 0.5 * gap_w
+        g[impl] = res
+    return g
+
+
+def print_table(summary: Dict) -> None:
+    log("impl    budget  variant       nll_ratio [95% CI]         top1_agree  len_infl  rep")
+    for r in sorted(summary["results"], key=lambda r: (r["budget_frac"], r["variant"], r["impl"])):
+        ci = r["nll_ratio_ci95"]
+        ci = f"[{ci[0]:.4f}, {ci[1]:.4f}]" if ci else "[n/a]"
+        li = r.get("length_inflation")
+        log(f"{r['impl']:7s} {r['budget_frac']:6.3f}  {r['variant']:12s}  {r['nll_ratio']:.4f} {ci:22s} "
+            f"{r['top1_agreement']:.4f}      {li if li is None else f'{li:.3f}':8}  "
+            f"{r.get('repetition_rate', float('nan')):.3f}")
+    for v in summary["engine_vs_hf"]:
+        log(f"engine - hf at {v['budget_frac']:g} {v['variant']}: {v['engine_minus_hf']:+.4f} "
+            f"CI {v['ci95']} within noise: {v['within_noise']}")
+    log(f"goals at 25%: {json.dumps(summary['goals_at_25pct'])}")
+    log(f"checks: {summary['checks']}")
+
+
+# ---------------------------------------------------------------------- main
+def main(argv=None):
+    args = parse_args(argv)
+    os.makedirs(args.workdir, exist_ok=True)
+    from transformers import AutoTokenizer
+    from sglang_zipage.model import bundled_model_path
+    from texts import load_items
+
+    model_path = bundled_model_path()
+    tok = AutoTokenizer.from_pretrained(model_path)
+    items = load_items(tok, args.n_texts, args.prompt_len, args.cont_len)
+    free_items = items[:args.n_free] if args.n_free else []
+    log(f"{len(items)} texts x ({args.prompt_len} prompt + {args.cont_len} forced) tokens; "
+        f"budgets {[budget_tokens(f, args.cont_len) for f in args.budgets]} tokens, buffer "
+        f"{args.buffer}, window {args.window}; workdir {args.workdir}")
+
+    engine_runs: Dict[str, Dict] = {}
+    if not args.skip_engine:
+        has_sel = engine_has_selection()
+        plan = [(None, None)] + [(f, v) for f in args.budgets for v in args.engine_variants]
+        for frac, variant in plan:
+            if variant is not None and VARIANTS[variant][2] != "score" and not has_sel:
+                log(f"engine {config_name(frac, variant)}: skipped (ZipageConfig has no "
+                    f"'selection' knob yet; the HF reference runs this control)")
+                continue
+            name = config_name(frac, variant)
+            kw = engine_kwargs(args, frac, variant, items, [f.free_prompt_ids for f in free_items])
+            run = run_engine(args, name, kw, items, free_items)
+            run.update(frac=frac, variant=variant)
+            engine_runs[name] = run
+
+    hf_runs: Dict[str, Dict] = {}
+    if not args.skip_hf:
+        import torch
+        from hf_reference import HFReference
+        from selection import Eviction
+
+        if args.hf_threads:
+            torch.set_num_threads(args.hf_threads)
+        ref = HFReference(model_path, dtype=getattr(torch, args.hf_dtype), device=args.hf_device)
+        plan = [(None, None)] + [(f, v) for f in args.budgets for v in args.hf_variants]
+        for frac, variant in plan:
+            name = config_name(frac, variant)
+            ev = None
+            if frac is not None:
+                _, params, policy = VARIANTS[variant]
+                ev = Eviction(budget=budget_tokens(frac, args.cont_len), buffer=args.buffer,
+                              window=args.window, policy=policy, **params)
+            run = run_hf(args, ref, name, ev, items)
+            run.update(frac=frac, variant=variant)
+            hf_runs[name] = run
+
+    summary, raw = summarize(args, items, engine_runs, hf_runs, free_items)
+    summary["raw_file"] = os.path.relpath(args.raw_out, REPO) if args.raw_out.startswith(REPO) else args.raw_out
+    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
+    with open(args.out, "w") as f:
+        json.dump(summary, f, indent=1, default=str)
+    with open(args.raw_out, "w") as f:
+        json.dump(_round(raw), f, separators=(",", ":"))
+    print_table(summary)
+    log(f"wrote {args.out} and {args.raw_out}")
+    if args.png:
+        from plot_fidelity import plot
+
+        plot(summary, args.png)
+        log(f"wrote {args.png}")
+
+
+def _round(x):
+    if isinstance(x, float):
+        return round(x, 5)
+    if isinstance(x, dict):
+        return {k: _round(v) for k, v in x.items()}
+    if isinstance(x, list):
+        return [_round(v) for v in x]
+    return x
+
+
+if __name__ == "__main__":
+    main()

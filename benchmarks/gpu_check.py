@@ -1,0 +1,128 @@
+#!/usr/bin/env python3
+"""GPU integration check: the e2e scenarios on the H200 with dummy Qwen3 weights.
+
+For each (attention backend, page size) it starts a stock engine (zipage disabled) and a
+zipage engine with a small budget, both with CUDA graphs and the overlap scheduler on, and
+SGLang's strict memory checker on, then checks:
+  exact     greedy outputs of short requests (which never compress) are token-identical
+  compress  many concurrent long requests compress (counted), suffix <= budget + buffer,
+            every request completes its full length, the scheduler stays alive
+  radix     after compressing requests that share a prompt, a fresh request with that
+            prompt hits the cache for the whole prompt and matches stock token for token
+Dummy weights are identical across engines (SGLang seeds them per parameter).
+
+usage: python3 benchmarks/gpu_check.py --out results.json [--combos triton:1,triton:16,flashinfer:1]
+"""
+
+import argparse
+import json
+import os
+import random
+import sys
+import time
+import traceback
+
+N_USERS = int(os.environ.get("GPU_CHECK_USERS", "24"))
+VOCAB = int(os.environ.get("GPU_CHECK_VOCAB", "100000"))
+STRICT = {"SGLANG_ENABLE_STRICT_MEM_CHECK_DURING_BUSY": "1", "SGLANG_CHECK_KV_PAGE_INVARIANTS": "1"}
+
+
+def engine(kind, backend, page, model, budget, buffer, extra):
+    from sglang_zipage import Engine
+
+    kw = dict(model_path=model, load_format="dummy", skip_tokenizer_init=True,
+              attention_backend=backend, sampling_backend="pytorch", grammar_backend="none",
+              page_size=page, mem_fraction_static=0.5, random_seed=0, cuda_graph_max_bs_decode=64,
+              disable_prefill_cuda_graph=True, log_level="warning", **extra)
+    if kind == "stock":
+        return Engine(zipage_enabled=False, **kw)
+    return Engine(zipage_kv_budget=budget, zipage_buffer=buffer, **kw)
+
+
+def gen(eng, ids, n, ignore_eos=True):
+    outs = eng.generate(input_ids=ids, sampling_params={"max_new_tokens": n, "temperature": 0,
+                                                        "ignore_eos": ignore_eos})
+    return outs
+
+
+def scenarios(eng, rng_seed=0):
+    rng = random.Random(rng_seed)
+    res = {}
+    short = [[rng.randrange(100, VOCAB) for _ in range(40 + 7 * i)] for i in range(4)]
+    res["exact"] = [gen(eng, [p], 48)[0]["output_ids"] for p in short]  # one at a time
+    shared = [rng.randrange(100, VOCAB) for _ in range(300)]
+    gen(eng, [shared], 1)  # the shared prompt enters the radix tree alone
+    users = [shared + [rng.randrange(100, VOCAB) for _ in range(20)] for _ in range(N_USERS)]
+    t0 = time.perf_counter()
+    outs = gen(eng, users, 700)
+    res["compress_wall_s"] = time.perf_counter() - t0
+    res["compress_lengths"] = sorted({o["meta_info"]["completion_tokens"] for o in outs})
+    fresh = gen(eng, [users[0]], 32)[0]
+    res["radix_output"] = fresh["output_ids"]
+    res["radix_cached"] = fresh["meta_info"]["cached_tokens"]
+    info = eng.get_server_info()["internal_states"][0]
+    res["zipage"] = info.get("zipage")
+    return res
+
+
+def check(stock, zipage, budget, buffer):
+    z = zipage["zipage"] or {}
+    return {
+        "exact": stock["exact"] == zipage["exact"],
+        "compress": (z.get("compactions", 0) > 0 and z.get("max_suffix_tokens", 1 << 30) <= budget + buffer
+                     and zipage["compress_lengths"] == [700]),
+        "radix": (zipage["radix_output"] == stock["radix_output"]
+                  and zipage["radix_cached"] >= 300 and zipage["radix_cached"] >= stock["radix_cached"] - 1),
+    }
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("--model", default="benchmarks/models/qwen3-1.7b-dummy")
+    p.add_argument("--combos", default="triton:1,triton:16,flashinfer:1")
+    p.add_argument("--budget", type=int, default=128)
+    p.add_argument("--buffer", type=int, default=32)
+    p.add_argument("--disable-overlap-schedule", action="store_true")
+    p.add_argument("--disable-cuda-graph", action="store_true")
+    p.add_argument("--out", required=True)
+    a = p.parse_args()
+    os.environ.update(STRICT)
+    extra = {}
+    if a.disable_overlap_schedule:
+        extra["disable_overlap_schedule"] = True
+    if a.disable_cuda_graph:
+        extra["disable_cuda_graph"] = True
+    import torch
+
+    report = {"command": " ".join([os.path.basename(sys.executable)] + sys.argv),
+              "gpu": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu",
+              "commit": os.environ.get("ZIPAGE_COMMIT", "unknown"),
+              "overlap": not a.disable_overlap_schedule, "cuda_graph": not a.disable_cuda_graph,
+              "budget": a.budget, "buffer": a.buffer, "matrix": []}
+    for combo in a.combos.split(","):
+        backend, page = combo.split(":")
+        page = int(page)
+        row = {"backend": backend, "page_size": page}
+        try:
+            runs = {}
+            for kind in ("stock", "zipage"):
+                t0 = time.perf_counter()
+                eng = engine(kind, backend, page, a.model, a.budget, a.buffer, extra)
+                row[f"{kind}_start_s"] = round(time.perf_counter() - t0, 1)
+                try:
+                    runs[kind] = scenarios(eng)
+                finally:
+                    eng.shutdown()
+            row["passed"] = check(runs["stock"], runs["zipage"], a.budget, a.buffer)
+            row["zipage_state"] = runs["zipage"]["zipage"]
+            row["wall_s"] = {k: round(v["compress_wall_s"], 2) for k, v in runs.items()}
+        except Exception:
+            row["error"] = traceback.format_exc()[-4000:]
+        report["matrix"].append(row)
+        print("CHECK", json.dumps({k: v for k, v in row.items() if k != "zipage_state"}), flush=True)
+        with open(a.out, "w") as f:
+            json.dump(report, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
