@@ -4,7 +4,10 @@ Per (implementation, budget, variant), over the texts' steps that come after the
 compaction (the compressed run's own `compactions_before` >= 1; the full-KV run of the same
 implementation is scored on the same steps):
   nll_ratio       sum of -logprob(reference token), compressed / full-KV, pooled over texts
-  nll_ratio_ci95  bootstrap over texts (resampling whole texts, 2000 draws, seed 0)
+  nll_ratio_ci95  95% block bootstrap: the scored steps of every text are cut into blocks of
+                  BLOCK consecutive steps, and blocks are resampled (2000 draws, seed 0), so
+                  that a run of 2 texts still gets an interval; differences between two runs
+                  (engine - hf) resample the same blocks for both (paired)
   top1_agreement  share of steps where compressed and full-KV top-1 tokens agree
   top1_acc        share of steps where the compressed top-1 is the reference token
 Free running (engine only), per budget and variant, over the free prompts:
@@ -18,6 +21,7 @@ import random
 from typing import Dict, List, Optional, Sequence
 
 BOOT_DRAWS = 2000
+BLOCK = 32
 
 
 def repetition_rate(text: str, n: int = 4) -> float:
@@ -31,18 +35,25 @@ def scored_steps(rec: Dict) -> List[int]:
     return [i for i, n in enumerate(rec["compactions_before"]) if n >= 1]
 
 
-def _sums(comp: Dict[str, Dict], full: Dict[str, Dict], ids: Sequence[str], refs: Dict):
-    """Per text: (nll_c, nll_f, agree, acc, acc_full, n) over the compressed run's scored steps."""
+def _unit_sums(c: Dict, f: Dict, ref: List[int], steps: Sequence[int]) -> Dict:
+    return dict(nll_c=-sum(c["logprob"][i] for i in steps),
+                nll_f=-sum(f["logprob"][i] for i in steps),
+                agree=sum(c["top1"][i] == f["top1"][i] for i in steps),
+                acc=sum(c["top1"][i] == ref[i] for i in steps), n=len(steps))
+
+
+def _sums(comp: Dict[str, Dict], full: Dict[str, Dict], ids: Sequence[str], refs: Dict,
+          block: Optional[int] = None):
+    """Sums over the compressed run's scored steps, per text (block None) or per
+    (text, block of `block` scored steps)."""
     out = {}
     for tid in ids:
-        c, f = comp[tid], full[tid]
-        steps = scored_steps(c)
-        out[tid] = dict(
-            nll_c=-sum(c["logprob"][i] for i in steps),
-            nll_f=-sum(f["logprob"][i] for i in steps),
-            agree=sum(c["top1"][i] == f["top1"][i] for i in steps),
-            acc=sum(c["top1"][i] == refs[tid][i] for i in steps),
-            n=len(steps))
+        steps = scored_steps(comp[tid])
+        if block is None:
+            out[tid] = _unit_sums(comp[tid], full[tid], refs[tid], steps)
+            continue
+        for j in range(0, len(steps), block):
+            out[(tid, j // block)] = _unit_sums(comp[tid], full[tid], refs[tid], steps[j:j + block])
     return out
 
 
@@ -51,8 +62,8 @@ def _ratio(per: Dict[str, Dict], ids: Sequence[str]) -> Optional[float]:
     return sum(per[t]["nll_c"] for t in ids) / den if den > 0 else None
 
 
-def bootstrap(ids: List[str], stat, draws: int = BOOT_DRAWS, seed: int = 0):
-    """95% percentile interval of stat(resampled ids); None for fewer than 2 texts."""
+def bootstrap(ids: List, stat, draws: int = BOOT_DRAWS, seed: int = 0):
+    """95% percentile interval of stat(resampled units); None for fewer than 2 units."""
     if len(ids) < 2:
         return None
     rng = random.Random(seed)
@@ -64,10 +75,12 @@ def bootstrap(ids: List[str], stat, draws: int = BOOT_DRAWS, seed: int = 0):
 def compare(comp: Dict[str, Dict], full: Dict[str, Dict], refs: Dict[str, List[int]]) -> Dict:
     ids = sorted(comp)
     per = _sums(comp, full, ids, refs)
+    blocks = _sums(comp, full, ids, refs, BLOCK)
+    units = sorted(blocks)
     n = sum(p["n"] for p in per.values())
     return {
         "nll_ratio": _ratio(per, ids),
-        "nll_ratio_ci95": bootstrap(ids, lambda s: _ratio(per, s)),
+        "nll_ratio_ci95": bootstrap(units, lambda s: _ratio(blocks, s)),
         "top1_agreement": sum(p["agree"] for p in per.values()) / n if n else None,
         "top1_acc": sum(p["acc"] for p in per.values()) / n if n else None,
         "nll_per_token": sum(p["nll_c"] for p in per.values()) / n if n else None,
@@ -80,19 +93,21 @@ def compare(comp: Dict[str, Dict], full: Dict[str, Dict], refs: Dict[str, List[i
 
 
 def paired_ratio_difference(a_comp, a_full, b_comp, b_full, refs) -> Dict:
-    """Pooled nll_ratio of implementation a minus b on the same texts, with a paired
-    bootstrap over texts (the same resampled texts for both)."""
+    """Pooled nll_ratio of run a minus run b on the same texts and the same scored steps
+    (same budget), with a paired block bootstrap (the same resampled blocks for both)."""
     ids = sorted(a_comp)
-    pa, pb = _sums(a_comp, a_full, ids, refs), _sums(b_comp, b_full, ids, refs)
+    pa, pb = _sums(a_comp, a_full, ids, refs, BLOCK), _sums(b_comp, b_full, ids, refs, BLOCK)
+    units = sorted(pa)
+    assert units == sorted(pb), "paired runs must score the same steps"
 
     def stat(s):
         ra, rb = _ratio(pa, s), _ratio(pb, s)
         return None if ra is None or rb is None else ra - rb
 
-    diff = stat(ids)
-    ci = bootstrap(ids, stat)
+    diff = stat(units)
+    ci = bootstrap(units, stat)
     return {"diff": diff, "ci95": ci,
-            "within_noise": (ci[0] <= 0 <= ci[1]) if ci else None}
+            "ci_contains_0": (ci[0] <= 0 <= ci[1]) if ci else None}
 
 
 def full_kv_agreement(a: Dict[str, Dict], b: Dict[str, Dict]) -> Dict:

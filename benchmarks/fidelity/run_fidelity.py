@@ -117,6 +117,9 @@ def parse_args(argv=None):
     a("--skip-hf", action="store_true")
     a("--hf-device", default="cpu")
     a("--hf-dtype", default="float32", choices=["float32", "bfloat16"])
+    a("--hf-noise-dtype", default="bfloat16",
+      help="also run the HF reference in this dtype for the variants the engine runs: the "
+           "numerics yardstick of 'within noise' ('none' to skip)")
     a("--hf-threads", type=int, default=None, help="torch threads of the HF reference")
     a("--engine-arg", action="append", default=[], metavar="KEY=VALUE",
       help="extra sglang_zipage.Engine keyword (VALUE parsed as JSON when it can be)")
@@ -206,25 +209,25 @@ def run_engine(args, name, kw, items, free) -> Dict:
 
 
 # ------------------------------------------------------------------------ HF
-def run_hf(args, ref, name, ev, items) -> Dict:
+def run_hf(args, ref, impl, name, ev, items) -> Dict:
     import torch
 
-    part = os.path.join(args.workdir, f"hf_{name}.json")
+    part = os.path.join(args.workdir, f"{impl}_{name}.json")
     if args.resume and os.path.exists(part):
-        log(f"hf {name}: reusing {part}")
+        log(f"{impl} {name}: reusing {part}")
         return json.load(open(part))
     prompts = torch.tensor([it.prompt_ids for it in items])
     refs = torch.tensor([it.ref_ids for it in items])
     t0 = time.time()
     out = ref.teacher_forced(prompts, refs, ev, progress=lambda s, c: log(
-        f"hf {name}: step {s}/{c}, {s * len(items) / (time.time() - t0):.1f} tok/s"))
+        f"{impl} {name}: step {s}/{c}, {s * len(items) / (time.time() - t0):.1f} tok/s"))
     res = {"name": name, "eviction": dataclasses.asdict(ev) if ev else None,
            "seconds": time.time() - t0,
            "forced": {it.id: {"logprob": out["logprob"][i], "top1": out["top1"][i],
                               "compactions_before": out["compactions_before"]}
                       for i, it in enumerate(items)}}
     json.dump(res, open(part, "w"))
-    log(f"hf {name}: done in {res['seconds']:.0f} s")
+    log(f"{impl} {name}: done in {res['seconds']:.0f} s")
     return res
 
 
@@ -258,16 +261,18 @@ def device_name() -> str:
     return f"cpu ({os.cpu_count()} cores)"
 
 
-def summarize(args, items, engine_runs, hf_runs, free_items) -> Dict:
+def summarize(args, items, runs_by_impl: Dict[str, Dict[str, Dict]], free_items) -> Dict:
+    """runs_by_impl: {"engine": {...}, "hf": {...}, "hf-bfloat16": {...}}, each name -> run."""
     refs = {it.id: it.ref_ids for it in items}
-    rows, vs, raw = [], [], {"engine": {}, "hf": {}}
-    full = {"engine": engine_runs.get("full"), "hf": hf_runs.get("full")}
-    checks = {"engine_forced_tokens_emitted": True, "engine_steps_equal_output_len": True,
-              "engine_schedule_matches_formula": True}
+    engine_runs = runs_by_impl.get("engine", {})
+    rows, vs, raw = [], [], {impl: {} for impl in runs_by_impl}
+    full = {impl: runs.get("full") for impl, runs in runs_by_impl.items()}
+    checks = ({"engine_forced_tokens_emitted": True, "engine_steps_equal_output_len": True,
+               "engine_schedule_matches_formula": True} if engine_runs else {})
     from hf_reference import compactions_before
     from selection import Eviction
 
-    for impl, runs in (("engine", engine_runs), ("hf", hf_runs)):
+    for impl, runs in runs_by_impl.items():
         for name, run in runs.items():
             raw[impl][name] = run["forced"]
             if impl == "engine":
@@ -290,18 +295,37 @@ def summarize(args, items, engine_runs, hf_runs, free_items) -> Dict:
                 row.update(metrics.free_running(run["free"], full["engine"]["free"]))
                 raw["engine"][name + "/free"] = run["free"]
             rows.append(row)
-    if full["engine"] and full["engine"].get("free"):
+    if full.get("engine") and full["engine"].get("free"):
         raw["engine"]["full/free"] = full["engine"]["free"]
     by = {(r["impl"], r["budget_frac"], r["variant"]): r for r in rows}
-    for (impl, frac, variant), r in sorted(by.items(), key=lambda kv: (kv[0][1], kv[0][2])):
-        if impl != "engine" or ("hf", frac, variant) not in by:
-            continue
+    noise_impl = next((i for i in runs_by_impl if i.startswith("hf-")), None)
+
+    def diff(a, b, frac, variant):
         name = config_name(frac, variant)
-        d = metrics.paired_ratio_difference(engine_runs[name]["forced"], full["engine"]["forced"],
-                                            hf_runs[name]["forced"], full["hf"]["forced"], refs)
-        vs.append({"budget_frac": frac, "variant": variant,
-                   "engine_nll_ratio": r["nll_ratio"], "hf_nll_ratio": by[("hf", frac, variant)]["nll_ratio"],
-                   "engine_minus_hf": d["diff"], "ci95": d["ci95"], "within_noise": d["within_noise"]})
+        return metrics.paired_ratio_difference(
+            runs_by_impl[a][name]["forced"], full[a]["forced"],
+            runs_by_impl[b][name]["forced"], full[b]["forced"], refs)
+
+    for frac in sorted({k[1] for k in by}):
+        variants = [v for v in VARIANTS if ("engine", frac, v) in by and ("hf", frac, v) in by]
+        noise = {}
+        if noise_impl:
+            for v in variants:
+                if (noise_impl, frac, v) in by:
+                    noise[v] = diff(noise_impl, "hf", frac, v)
+        rms = ((sum(n["diff"] ** 2 for n in noise.values()) / len(noise)) ** 0.5
+               if noise else None)
+        for v in variants:
+            d = diff("engine", "hf", frac, v)
+            within = d["ci_contains_0"] or (rms is not None and abs(d["diff"]) <= 2 * rms)
+            vs.append({"budget_frac": frac, "variant": v,
+                       "engine_nll_ratio": by[("engine", frac, v)]["nll_ratio"],
+                       "hf_nll_ratio": by[("hf", frac, v)]["nll_ratio"],
+                       "engine_minus_hf": d["diff"], "ci95": d["ci95"],
+                       "ci_contains_0": d["ci_contains_0"],
+                       f"{noise_impl}_minus_hf": noise[v]["diff"] if v in noise else None,
+                       f"{noise_impl}_minus_hf_ci95": noise[v]["ci95"] if v in noise else None,
+                       "numerics_noise_rms": rms, "within_noise": within})
     out = {
         "name": "fidelity",
         "subset": not (args.preset == "full" and args.n_texts >= 10 and args.cont_len >= 1024),
@@ -321,27 +345,36 @@ def summarize(args, items, engine_runs, hf_runs, free_items) -> Dict:
         "engine_vs_hf": vs,
         "full_kv": {},
         "checks": checks,
+        "within_noise_rule": (
+            "engine - hf (pooled nll_ratio, same texts and steps): within noise when its 95% "
+            "paired block-bootstrap interval contains 0, or when |engine - hf| <= 2 x "
+            "numerics_noise_rms, the RMS over the variants of this budget of "
+            f"({noise_impl} - hf): how far the HF reference itself moves when it runs in "
+            "bf16 like the engine instead of fp32"),
         "timings_s": {**{f"engine/{k}": {x: v.get(x) for x in ("start_s", "forced_s", "free_s", "total_s")}
                          for k, v in engine_runs.items()},
-                      **{f"hf/{k}": v["seconds"] for k, v in hf_runs.items()}},
+                      **{f"{impl}/{k}": v["seconds"] for impl, runs in runs_by_impl.items()
+                         if impl != "engine" for k, v in runs.items()}},
         "zipage_counters": {k: v.get("zipage_after_forced") for k, v in engine_runs.items()},
         "metrics_doc": metrics.__doc__.strip(),
     }
-    if full["engine"] and full["hf"]:
-        out["full_kv"]["engine_vs_hf"] = metrics.full_kv_agreement(full["engine"]["forced"],
-                                                                   full["hf"]["forced"])
-    out["goals_at_25pct"] = goals(rows, vs, engine_runs, hf_runs, full, refs)
+    for impl in runs_by_impl:
+        if impl != "hf" and full.get(impl) and full.get("hf"):
+            out["full_kv"][f"{impl}_vs_hf"] = metrics.full_kv_agreement(full[impl]["forced"],
+                                                                      full["hf"]["forced"])
+    out["goals_at_25pct"] = goals(rows, vs, runs_by_impl, full, refs)
     return out, raw
 
 
-def goals(rows, vs, engine_runs, hf_runs, full, refs) -> Dict:
+def goals(rows, vs, runs_by_impl, full, refs) -> Dict:
     g = {}
     at = [r for r in rows if abs(r["budget_frac"] - 0.25) < 1e-9]
     if not at:
         return {"note": "no 25% budget in this run"}
     near = [v for v in vs if abs(v["budget_frac"] - 0.25) < 1e-9]
     g["engine_within_noise_of_hf"] = {v["variant"]: v["within_noise"] for v in near}
-    for impl, runs in (("engine", engine_runs), ("hf", hf_runs)):
+    for impl in ("engine", "hf"):
+        runs = runs_by_impl.get(impl, {})
         mine = {r["variant"]: r for r in at if r["impl"] == impl}
         scoring = [v for v in SCORING if v in mine]
         if not scoring:
@@ -356,6 +389,8 @@ def goals(rows, vs, engine_runs, hf_runs, full, refs) -> Dict:
                 res[f"vs_{c}"] = {"control_nll_ratio": mine[c]["nll_ratio"],
                                   "best_minus_control": d["diff"], "ci95": d["ci95"],
                                   "clearly_better": (d["ci95"][1] < 0) if d["ci95"] else None}
+            elif impl == "engine" and c in {r["variant"] for r in at}:
+                res[f"vs_{c}"] = "not run in the engine (needs the zipage_selection knob)"
         if "window" in mine and mine["window"]["nll_ratio"] > 1:
             gap_w, gap_b = mine["window"]["nll_ratio"] - 1, mine[best]["nll_ratio"] - 1
             res["gap_best_over_gap_window"] = gap_b / gap_w
@@ -370,12 +405,17 @@ def print_table(summary: Dict) -> None:
         ci = r["nll_ratio_ci95"]
         ci = f"[{ci[0]:.4f}, {ci[1]:.4f}]" if ci else "[n/a]"
         li = r.get("length_inflation")
+        li = "n/a" if li is None else f"{li:.3f}"
+        rep = r.get("repetition_rate")
+        rep = "n/a" if rep is None else f"{rep:.3f}"
         log(f"{r['impl']:7s} {r['budget_frac']:6.3f}  {r['variant']:12s}  {r['nll_ratio']:.4f} {ci:22s} "
-            f"{r['top1_agreement']:.4f}      {li if li is None else f'{li:.3f}':8}  "
-            f"{r.get('repetition_rate', float('nan')):.3f}")
+            f"{r['top1_agreement']:.4f}      {li:8s}  {rep}")
     for v in summary["engine_vs_hf"]:
+        ci = v["ci95"]
+        ci = f"[{ci[0]:+.4f}, {ci[1]:+.4f}]" if ci else "[n/a]"
         log(f"engine - hf at {v['budget_frac']:g} {v['variant']}: {v['engine_minus_hf']:+.4f} "
-            f"CI {v['ci95']} within noise: {v['within_noise']}")
+            f"CI {ci}; numerics noise rms {v['numerics_noise_rms']}; "
+            f"within noise: {v['within_noise']}")
     log(f"goals at 25%: {json.dumps(summary['goals_at_25pct'])}")
     log(f"checks: {summary['checks']}")
 
@@ -411,7 +451,7 @@ def main(argv=None):
             run.update(frac=frac, variant=variant)
             engine_runs[name] = run
 
-    hf_runs: Dict[str, Dict] = {}
+    runs_by_impl = {"engine": engine_runs} if engine_runs else {}
     if not args.skip_hf:
         import torch
         from hf_reference import HFReference
@@ -419,20 +459,28 @@ def main(argv=None):
 
         if args.hf_threads:
             torch.set_num_threads(args.hf_threads)
-        ref = HFReference(model_path, dtype=getattr(torch, args.hf_dtype), device=args.hf_device)
-        plan = [(None, None)] + [(f, v) for f in args.budgets for v in args.hf_variants]
-        for frac, variant in plan:
-            name = config_name(frac, variant)
-            ev = None
-            if frac is not None:
-                _, params, policy = VARIANTS[variant]
-                ev = Eviction(budget=budget_tokens(frac, args.cont_len), buffer=args.buffer,
-                              window=args.window, policy=policy, **params)
-            run = run_hf(args, ref, name, ev, items)
-            run.update(frac=frac, variant=variant)
-            hf_runs[name] = run
+        passes = [("hf", args.hf_dtype, args.hf_variants)]
+        if args.hf_noise_dtype not in ("", "none", args.hf_dtype):
+            # the numerics yardstick: the variants the engine ran, reference in another dtype
+            passes.append((f"hf-{args.hf_noise_dtype}", args.hf_noise_dtype,
+                           [v for v in args.hf_variants if v in args.engine_variants]))
+        for impl, dtype, variants in passes:
+            ref = HFReference(model_path, dtype=getattr(torch, dtype), device=args.hf_device)
+            runs_by_impl[impl] = {}
+            plan = [(None, None)] + [(f, v) for f in args.budgets for v in variants]
+            for frac, variant in plan:
+                name = config_name(frac, variant)
+                ev = None
+                if frac is not None:
+                    _, params, policy = VARIANTS[variant]
+                    ev = Eviction(budget=budget_tokens(frac, args.cont_len), buffer=args.buffer,
+                                  window=args.window, policy=policy, **params)
+                run = run_hf(args, ref, impl, name, ev, items)
+                run.update(frac=frac, variant=variant)
+                runs_by_impl[impl][name] = run
+            del ref
 
-    summary, raw = summarize(args, items, engine_runs, hf_runs, free_items)
+    summary, raw = summarize(args, items, runs_by_impl, free_items)
     summary["raw_file"] = os.path.relpath(args.raw_out, REPO) if args.raw_out.startswith(REPO) else args.raw_out
     os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
     with open(args.out, "w") as f:
