@@ -42,5 +42,6 @@ class Engine(SGLangEngine):
         zargs.set_process_env(server_args.device)
         config.to_env()
         hooks.install(None, device=server_args.device)
+        hooks.install_frontend(config)
         self.zipage_config = config
         super().__init__(server_args=server_args)

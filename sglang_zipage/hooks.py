@@ -23,6 +23,7 @@ logger = logging.getLogger("sglang_zipage")
 SGLANG_VERSION = "0.5.17"
 RUNTIME = None  # the ZipageRuntime of this process, once installed with zipage enabled
 _INSTALLED = False
+_FRONTEND_INSTALLED = False
 
 _SRT = "sglang.srt."
 
@@ -97,6 +98,23 @@ def _report_state(result, scheduler, *args, **kwargs):
     return result
 
 
+def _attach_meta_info(result, req, *args, **kwargs):
+    from sglang_zipage import meta_info
+
+    meta_info.attach(req)
+
+
+def _fold_meta_info(original, tokenizer_manager, *args, **kwargs):
+    from sglang_zipage import meta_info
+
+    async def responses():
+        async for out in original(tokenizer_manager, *args, **kwargs):
+            meta_info.fold(out)
+            yield out
+
+    return responses()
+
+
 def _is_compressed(req) -> bool:
     st = getattr(req, "zipage", None)
     return st is not None and st.compactions > 0
@@ -129,6 +147,17 @@ def _hook_table():
          "a retracted request re-prefills; its suffix starts over (L1603)"),
         ("managers.scheduler.Scheduler.get_internal_state", T.AFTER, _report_state,
          "/server_info shows the active zipage config and counters (L4165)"),
+        ("managers.schedule_batch.Req.__init__", T.AFTER, _attach_meta_info,
+         "meta_info gets zipage_compactions / zipage_kv_len via customized_info (L1057)"),
+    ]
+
+
+def _frontend_hook_table():
+    from sglang.srt.plugins.hook_registry import HookType as T
+
+    return [
+        ("managers.tokenizer_manager.TokenizerManager._wait_one_response", T.AROUND,
+         _fold_meta_info, "one integer per zipage meta_info key, not a per-token list (L1662)"),
     ]
 
 
@@ -155,13 +184,28 @@ def install(config: Optional[ZipageConfig], *, device: Optional[str] = None,
     if _INSTALLED or config is None or not config.enabled:
         return
     from sglang.srt.managers import schedule_policy
-    from sglang.srt.plugins.hook_registry import HookRegistry
     from sglang_zipage.runtime import ZipageRuntime
 
     RUNTIME = ZipageRuntime(config)
     # New requests reserve prompt + budget + buffer, not max_new_tokens (read at call time).
     schedule_policy.CLIP_MAX_NEW_TOKENS = config.kv_budget + config.buffer + page_size
-    table = _hook_table()
+    _apply(_hook_table())
+    _INSTALLED = True
+    logger.info("sglang-zipage active: %s", config.to_json())
+
+
+def install_frontend(config: Optional[ZipageConfig]) -> None:
+    """Hooks of the process that runs SGLang's tokenizer manager (HTTP server / Engine)."""
+    global _FRONTEND_INSTALLED
+    if _FRONTEND_INSTALLED or config is None or not config.enabled:
+        return
+    _apply(_frontend_hook_table())
+    _FRONTEND_INSTALLED = True
+
+
+def _apply(table) -> None:
+    from sglang.srt.plugins.hook_registry import HookRegistry
+
     before = {t: _raw(_SRT + t) for t, *_ in table}
     for target, kind, body, _why in table:
         HookRegistry.register(_SRT + target, body, kind)
@@ -169,8 +213,6 @@ def install(config: Optional[ZipageConfig], *, device: Optional[str] = None,
     missing = [t for t in before if _raw(_SRT + t) is before[t]]
     if missing:
         raise RuntimeError(f"sglang-zipage: hooks did not apply to {missing}")
-    _INSTALLED = True
-    logger.info("sglang-zipage active: %s", config.to_json())
 
 
 def _raw(target: str):

@@ -90,6 +90,7 @@ def main(argv: Optional[List[str]] = None) -> None:
     from sglang_zipage.proc import run_scheduler_process
 
     hooks.install(None, device=server_args.device)  # CPU fixes for this process
+    hooks.install_frontend(config)
     try:
         launch_server(server_args, run_scheduler_process_func=run_scheduler_process)
     finally:

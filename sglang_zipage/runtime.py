@@ -67,9 +67,28 @@ class ZipageRuntime:
                                             dtype=torch.float32, device=self.device)
         extra = self.window.nbytes + (self.score_buffer.numel() * 4 if self.score_buffer is not None else 0)
         self.memory_bytes = extra
+        if self.device.type == "cuda":
+            self._warm_up(layers, kv_heads, head_dim, pool.dtype)
         logger.info("zipage: budget %d + buffer %d tokens, window %d, %d window slots, "
                     "page %d; query window + scores use %.1f MiB", cfg.kv_budget, cfg.buffer,
                     cfg.window, slots, page, extra / 2**20)
+
+    def _warm_up(self, layers, kv_heads, head_dim, dtype) -> None:
+        """Compile the Triton kernels now, not in the middle of the first compaction
+        (seconds of JIT with every running request waiting)."""
+        k, s = 2 * self.page_size, 4 * self.page_size
+        scratch = lambda: [torch.zeros((s + 1, kv_heads, head_dim), dtype=dtype, device=self.device)
+                           for _ in range(layers)]
+        scores = [torch.zeros((s + 1, kv_heads), device=self.device)] * layers
+        slots = torch.arange(1, s + 1, device=self.device)[None]
+        plan = CompactionPlan(
+            k=k, req_pool_indices=[0], window_slots=torch.zeros(1, dtype=torch.int64, device=self.device),
+            src_slots=slots, src_lens=torch.tensor([s], device=self.device), dst_slots=slots[:, :k],
+            n_stored=torch.tensor([k], device=self.device),
+            first=torch.tensor([True], device=self.device))
+        execute(plan, self.params, self.window.ring, scratch(), scratch(),
+                scores if self.score_buffer is not None else None, self.sm_scale)
+        torch.cuda.synchronize()
 
     @property
     def ready(self) -> bool:

@@ -34,6 +34,8 @@ def test_outputs_identical_to_stock_when_budget_never_fills(default_server, stoc
         ours = default_server.generate(chat_prompt(p), 80)
         stock = stock_server.generate(chat_prompt(p), 80)
         assert ours["text"] == stock["text"]
+        assert ours["meta_info"]["zipage_compactions"] == 0
+        assert "zipage_compactions" not in stock["meta_info"]
     assert default_server.zipage_state()["compactions"] == 0
 
 
@@ -46,6 +48,9 @@ def test_compression_keeps_footprint_bounded_and_text_fluent(zipage_server):
     assert after["compactions"] - before["compactions"] >= len(PROMPTS) * (400 - 80) // 16 - 3
     assert after["max_suffix_tokens"] <= 80  # I6: suffix <= budget + buffer
     for o in outs:
+        meta = o["meta_info"]
+        assert meta["zipage_compactions"] >= (400 - 80) // 16
+        assert meta["prompt_tokens"] < meta["zipage_kv_len"] <= meta["prompt_tokens"] + 80
         assert repetition_rate(o["text"]) < 0.5, o["text"]
     assert_healthy(zipage_server)
 
