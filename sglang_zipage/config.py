@@ -20,6 +20,7 @@ from typing import Optional, Sequence
 
 ENV_VAR = "SGLANG_ZIPAGE_CONFIG"
 REDUNDANCY_MODES = ("none", "full", "lightning")
+SELECTION_MODES = ("score", "random", "recent")
 
 
 class ZipageConfigError(ValueError):
@@ -58,6 +59,10 @@ class ZipageConfig:
         "Softmax temperature tau of the redundancy term."))
     pooling: int = field(default=5, metadata=_flag(
         "Max-pooling kernel over the sequence on a request's first compaction (odd; 1 disables)."))
+    selection: str = field(default="score", metadata=_flag(
+        "Which tokens a compaction keeps: score (Zipage's scoring), or the baselines random "
+        "and recent (most recent tokens only), for quality comparisons.",
+        choices=SELECTION_MODES))
     sink: int = field(default=0, metadata=_flag(
         "Leading tokens of the compressible suffix that are always kept (the prompt is never "
         "compressed, so its own sink tokens are always kept)."))
@@ -78,6 +83,8 @@ class ZipageConfig:
             bad("pooling", f"must be odd (1 disables pooling), got {self.pooling}")
         if not 0.0 <= self.decay < 1.0:
             bad("decay", f"must be in [0, 1), got {self.decay}")
+        if self.selection not in SELECTION_MODES:
+            bad("selection", f"must be one of {', '.join(SELECTION_MODES)}, got {self.selection!r}")
         if self.redundancy not in REDUNDANCY_MODES:
             bad("redundancy", f"must be one of {', '.join(REDUNDANCY_MODES)}, got {self.redundancy!r}")
         if not 0.0 <= self.redundancy_lambda <= 1.0:

@@ -32,7 +32,7 @@ class ZipageRuntime:
         self.params = ScoringParams(
             window=config.window, decay=config.decay, redundancy=config.redundancy,
             redundancy_lambda=config.redundancy_lambda, redundancy_tau=config.redundancy_tau,
-            pooling=config.pooling, sink=config.sink)
+            pooling=config.pooling, sink=config.sink, selection=config.selection)
         self.budget: Optional[Budget] = None
         self.window: Optional[QueryWindow] = None
         self.pending: List[CompactionPlan] = []

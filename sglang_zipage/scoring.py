@@ -36,6 +36,7 @@ import torch.nn.functional as F
 from sglang_zipage.kernels import compact_kv, select_topk, window_attention_scores
 
 REDUNDANCY_MODES = ("none", "full", "lightning")
+SELECTION_MODES = ("score", "random", "recent")
 
 
 @dataclass(frozen=True)
@@ -48,8 +49,11 @@ class ScoringParams:
     pooling: int = 5  # max-pool kernel on the first compaction; 1 disables; odd
     sink: int = 0  # first tokens of the compressible range always kept
     lightning_block: int = 64  # block length (tokens) of "lightning" redundancy
+    selection: str = "score"  # "score" | controls that ignore the score: "random", "recent"
 
     def __post_init__(self):
+        if self.selection not in SELECTION_MODES:
+            raise ValueError(f"selection={self.selection!r}: expected one of {SELECTION_MODES}")
         if self.redundancy not in REDUNDANCY_MODES:
             raise ValueError(f"redundancy={self.redundancy!r}: expected one of {REDUNDANCY_MODES}")
         if self.pooling < 1 or self.pooling % 2 == 0:
@@ -176,7 +180,18 @@ def score_tokens(
     if params.redundancy != "none":
         red = redundancy(k_buffers, src_slots, valid, params)
         final = params.redundancy_lambda * g - (1 - params.redundancy_lambda) * red
+    if params.selection != "score":
+        final = control_scores(final, params.selection)
     return protect(final, src_lens, params.sink, params.window), g
+
+
+def control_scores(final: torch.Tensor, selection: str) -> torch.Tensor:
+    """Baselines with the same budget and protection: uniform random ranks ("random"),
+    or the position itself, so the most recent tokens win ("recent")."""
+    if selection == "random":
+        return torch.rand_like(final)
+    pos = torch.arange(final.shape[-1], device=final.device, dtype=final.dtype)
+    return pos.expand_as(final).clone()
 
 
 def select_and_compact(

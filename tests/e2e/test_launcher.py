@@ -46,7 +46,8 @@ def test_budget_must_be_page_aligned():
     assert "--zipage-kv-budget" in r.stderr and "--page-size 16" in r.stderr
 
 
-def test_unsupported_feature_is_refused_with_a_way_out():
-    r = _launch("--enable-mixed-chunk")
+@pytest.mark.parametrize("flag", ["--enable-mixed-chunk", "--zipage-async"])
+def test_unsupported_feature_is_refused_with_a_way_out(flag):
+    r = _launch(flag)
     assert r.returncode != 0
-    assert "--enable-mixed-chunk" in r.stderr and "--zipage-disable" in r.stderr
+    assert flag in r.stderr and "--zipage-disable" in r.stderr

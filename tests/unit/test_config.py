@@ -42,6 +42,7 @@ def test_unknown_key_in_env_is_refused():
     (dict(pooling=2), "--zipage-pooling"),
     (dict(redundancy_tau=0), "--zipage-redundancy-tau"),
     (dict(redundancy="maybe"), "--zipage-redundancy"),
+    (dict(selection="best"), "--zipage-selection"),
 ])
 def test_invalid_values_name_their_flag(kw, flag):
     with pytest.raises(ZipageConfigError, match=flag):

@@ -205,3 +205,18 @@ def test_triton_and_torch_backends_agree(monkeypatch, redundancy):
     got = run(params, x, **kw)
     for a, b in zip(got, ref):
         torch.testing.assert_close(a, b, atol=1e-6, rtol=1e-4)
+
+
+@pytest.mark.parametrize("selection", ["recent", "random"])
+def test_selection_controls_keep_budget_and_protection(selection):
+    """The quality baselines: same k, same window/sink protection, score ignored."""
+    x = make_inputs([12, 9])
+    params = ScoringParams(window=2, sink=1, decay=0.0, pooling=1, selection=selection)
+    final, _ = run(params, x)
+    keep = select_topk(final, 6)
+    for r, n in enumerate(x["lens"].tolist()):
+        for row in keep[:, r].reshape(-1, 6).tolist():
+            assert row == sorted(row) and max(row) < n
+            assert {0, n - 2, n - 1} <= set(row)  # sink + window always kept
+            if selection == "recent":
+                assert row == [0] + list(range(n - 5, n))
