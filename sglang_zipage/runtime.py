@@ -149,7 +149,7 @@ class ZipageRuntime:
                     self.stats["window_slot_misses"] += 1
             if self.budget.needs_compaction(st, suffix, req.decode_batch_idx):
                 items.append(CompactionItem(req.req_pool_idx, st.c0, suffix, st.n_stored,
-                                            st.compactions == 0,
+                                            st.n_stored == 0,  # first since (re)prefill
                                             self.window.slot_of(req.req_pool_idx)))
                 rows.append(i)
         if items:

@@ -9,7 +9,8 @@ Run: .venv/bin/python -m pytest tests/e2e/test_compression.py
 import re
 from concurrent.futures import ThreadPoolExecutor
 
-from zipage_server import assert_healthy, chat_prompt, repetition_rate
+from zipage_server import (POOL_TOKENS, SMALL_BUDGET, STRICT_MEM_ENV, Server, assert_healthy,
+                           chat_prompt, repetition_rate)
 
 PROMPTS = [
     "Explain how rainbows form.",
@@ -90,3 +91,21 @@ def test_output_longer_than_the_pool_completes(zipage_server):
     out = zipage_server.generate(chat_prompt(PROMPTS[1]), 700, ignore_eos=True)
     assert out["meta_info"]["completion_tokens"] == 700  # the pool holds 640 tokens
     assert_healthy(zipage_server)
+
+
+def test_compressed_requests_survive_retraction_and_sigterm_stops_cleanly(tmp_path):
+    """SGLang's test hook retracts a running request every 40 forwards; once all are
+    compressed, compressed ones are retracted too: they re-prefill their prompt + output
+    (exact KV), compress again, and still finish with their full output."""
+    env = {**STRICT_MEM_ENV, "SGLANG_TEST_RETRACT": "1", "SGLANG_TEST_RETRACT_INTERVAL": "40"}
+    server = Server(["--max-total-tokens", POOL_TOKENS, *SMALL_BUDGET], tmp_path / "r.log", env=env)
+    try:
+        outs = _parallel(server, [chat_prompt(p) for p in PROMPTS], 300, ignore_eos=True)
+        assert all(o["meta_info"]["completion_tokens"] == 300 for o in outs)
+        assert sum(o["meta_info"]["num_retractions"] for o in outs) > 0
+        assert all(o["meta_info"]["zipage_compactions"] > 0 for o in outs)
+        assert all(o["text"].strip() for o in outs)
+        assert_healthy(server)
+    finally:
+        alive = server.stop()
+    assert alive == [], f"processes left after SIGTERM: {alive}"
