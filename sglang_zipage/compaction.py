@@ -37,6 +37,7 @@ class CompactionItem:
     n_stored: int  # leading suffix tokens with a valid stored global score
     first: bool  # first compaction of this request (pooling applies)
     window_slot: int  # its row in the query window
+    kv_budget: int  # k: tokens it keeps per (layer, KV head)
 
 
 @dataclass(frozen=True)

@@ -22,8 +22,10 @@ logger = logging.getLogger("sglang_zipage")
 
 SGLANG_VERSION = "0.5.17"
 RUNTIME = None  # the ZipageRuntime of this process, once installed with zipage enabled
+FRONTEND_CONFIG = None  # the config, in the process that runs the tokenizer manager
 _INSTALLED = False
 _FRONTEND_INSTALLED = False
+_STOCK_CLIP = 4096  # SGLang's own per-request output estimate, kept for opted-out requests
 
 _SRT = "sglang.srt."
 
@@ -65,12 +67,18 @@ def _retract_compressed_last(original, reqs, server_args):
 
 
 def _running_reserve(original, adder, req):
-    return RUNTIME.running_reserve(req)
+    reserve = RUNTIME.running_reserve(req)
+    if reserve is None:  # compression off for this request: SGLang's own estimate
+        remaining = req.sampling_params.max_new_tokens - len(req.output_ids)
+        return min(remaining, _STOCK_CLIP) * adder.new_token_ratio
+    return reserve
 
 
 def _lift_pool_cap(original, scheduler, req):
     requested = req.sampling_params.max_new_tokens
     original(scheduler, req)
+    if RUNTIME.budget_of(req) is None:
+        return  # compression off for this request: SGLang's cap stands
     page = scheduler.page_size
     paged_input = -(-len(req.origin_input_ids) // page) * page
     if paged_input + RUNTIME.budget.admission_reserve() + page < scheduler.max_total_num_tokens:
@@ -113,6 +121,27 @@ def _fold_meta_info(original, tokenizer_manager, *args, **kwargs):
             yield out
 
     return responses()
+
+
+def _request_budget_to_custom_params(tokenizer_manager, obj, *args, **kwargs):
+    from sglang_zipage import request_budget
+
+    if isinstance(getattr(obj, "sampling_params", None), dict):
+        obj.sampling_params = request_budget.move_to_custom_params(
+            obj.sampling_params, FRONTEND_CONFIG, tokenizer_manager.server_args.page_size or 1)
+
+
+def _openai_extra_budget(result, request, *args, **kwargs):
+    from sglang_zipage.request_budget import FIELD
+
+    extra = getattr(request, "model_extra", None) or {}
+    if FIELD in extra:
+        result[FIELD] = extra[FIELD]
+    return result
+
+
+def _openai_completion_budget(result, serving, request):
+    return _openai_extra_budget(result, request)
 
 
 def _is_compressed(req) -> bool:
@@ -158,7 +187,24 @@ def _frontend_hook_table():
     return [
         ("managers.tokenizer_manager.TokenizerManager._wait_one_response", T.AROUND,
          _fold_meta_info, "one integer per zipage meta_info key, not a per-token list (L1662)"),
+        ("managers.tokenizer_manager.TokenizerManager._create_tokenized_object", T.BEFORE,
+         _request_budget_to_custom_params, "validate zipage_kv_budget (HTTP 400), carry it (L1314)"),
+        ("entrypoints.openai.protocol.ChatCompletionRequest.to_sampling_params", T.AFTER,
+         _openai_extra_budget, "OpenAI extra_body zipage_kv_budget (L984)"),
+        ("entrypoints.openai.serving_completions.OpenAIServingCompletion._build_sampling_params",
+         T.AFTER, _openai_completion_budget, "the same for /v1/completions (L141)"),
     ]
+
+
+def _keep_openai_extra_fields() -> None:
+    """Keep unknown request fields (model_extra) so extra_body reaches our hooks; must run
+    before http_server builds its FastAPI routes from these models."""
+    from sglang.srt.entrypoints.openai import protocol
+
+    for model in (protocol.ChatCompletionRequest, protocol.CompletionRequest):
+        if model.model_config.get("extra") != "allow":
+            model.model_config["extra"] = "allow"
+            model.model_rebuild(force=True)
 
 
 # ------------------------------------------------------------------- install
@@ -173,7 +219,7 @@ def apply_cpu_fixes() -> None:
 def install(config: Optional[ZipageConfig], *, device: Optional[str] = None,
             page_size: int = 1) -> None:
     """Activate zipage in this process (idempotent). config None/disabled = stock SGLang."""
-    global RUNTIME, _INSTALLED
+    global RUNTIME, _INSTALLED, _STOCK_CLIP
     import sglang
 
     if sglang.__version__ != SGLANG_VERSION:
@@ -188,6 +234,7 @@ def install(config: Optional[ZipageConfig], *, device: Optional[str] = None,
 
     RUNTIME = ZipageRuntime(config)
     # New requests reserve prompt + budget + buffer, not max_new_tokens (read at call time).
+    _STOCK_CLIP = schedule_policy.CLIP_MAX_NEW_TOKENS
     schedule_policy.CLIP_MAX_NEW_TOKENS = config.kv_budget + config.buffer + page_size
     _apply(_hook_table())
     _INSTALLED = True
@@ -196,9 +243,11 @@ def install(config: Optional[ZipageConfig], *, device: Optional[str] = None,
 
 def install_frontend(config: Optional[ZipageConfig]) -> None:
     """Hooks of the process that runs SGLang's tokenizer manager (HTTP server / Engine)."""
-    global _FRONTEND_INSTALLED
+    global _FRONTEND_INSTALLED, FRONTEND_CONFIG
     if _FRONTEND_INSTALLED or config is None or not config.enabled:
         return
+    FRONTEND_CONFIG = config
+    _keep_openai_extra_fields()
     _apply(_frontend_hook_table())
     _FRONTEND_INSTALLED = True
 

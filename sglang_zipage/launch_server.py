@@ -83,14 +83,14 @@ def main(argv: Optional[List[str]] = None) -> None:
         print_help()
         return
     server_args, config = prepare(argv)
+    from sglang_zipage import hooks
+
+    hooks.install(None, device=server_args.device)  # CPU fixes for this process
+    hooks.install_frontend(config)  # before http_server builds its routes
     from sglang.srt.entrypoints.http_server import launch_server
     from sglang.srt.utils import kill_process_tree
 
-    from sglang_zipage import hooks
     from sglang_zipage.proc import run_scheduler_process
-
-    hooks.install(None, device=server_args.device)  # CPU fixes for this process
-    hooks.install_frontend(config)
     try:
         launch_server(server_args, run_scheduler_process_func=run_scheduler_process)
     finally:

@@ -15,6 +15,7 @@ from typing import List, Optional
 
 import torch
 
+from sglang_zipage import request_budget
 from sglang_zipage.budget import Budget, ReqState
 from sglang_zipage.compaction import CompactionItem, CompactionPlan, execute, plan_compaction
 from sglang_zipage.config import ZipageConfig
@@ -36,6 +37,7 @@ class ZipageRuntime:
         self.budget: Optional[Budget] = None
         self.window: Optional[QueryWindow] = None
         self.pending: List[CompactionPlan] = []
+        self._budgets = {}  # per-request kv_budget -> Budget
         self.stats = dict(compactions=0, compaction_batches=0, tokens_evicted=0,
                           pages_freed=0, compaction_ms=0.0, max_suffix_tokens=0,
                           window_slot_misses=0)
@@ -111,9 +113,24 @@ class ZipageRuntime:
         c0 = st.c0 if st is not None and st.c0 is not None else self._c0(req)
         return max(0, req.kv_committed_len - c0)
 
-    def running_reserve(self, req) -> int:
+    def budget_of(self, req) -> Optional[Budget]:
+        """The request's budget: its own zipage_kv_budget, the server's, or None (off)."""
+        own = request_budget.of(req)
+        if own is None:
+            return self.budget
+        if own == 0:
+            return None
+        if own not in self._budgets:
+            self._budgets[own] = dataclasses.replace(self.budget, kv_budget=own)
+        return self._budgets[own]
+
+    def running_reserve(self, req) -> Optional[int]:
+        """Tokens a running request may still add; None when it never compresses."""
+        budget = self.budget_of(req)
+        if budget is None:
+            return None
         remaining = req.sampling_params.max_new_tokens - len(req.output_ids)
-        return self.budget.reserve(self.suffix_len(req), remaining)
+        return budget.reserve(self.suffix_len(req), remaining)
 
     def on_release(self, req) -> None:
         """The request gives back its req_pool_idx (finish, abort or retraction)."""
@@ -135,44 +152,47 @@ class ZipageRuntime:
         """
         items, rows = [], []
         for i, req in enumerate(batch.reqs):
-            if req.finished() or req.req_pool_idx is None:
+            budget = self.budget_of(req) if not req.finished() else None
+            if budget is None or req.req_pool_idx is None:
                 continue
             st = self.state(req)
             suffix = req.kv_committed_len - st.c0
             st.max_suffix = max(st.max_suffix, suffix)
             if suffix > self.stats["max_suffix_tokens"]:
                 self.stats["max_suffix_tokens"] = suffix
-            if st.window_since < 0 and self.budget.needs_window(suffix):
+            if st.window_since < 0 and budget.needs_window(suffix):
                 if self.window.assign(req.req_pool_idx):
                     st.window_since = req.decode_batch_idx
                 else:
                     self.stats["window_slot_misses"] += 1
-            if self.budget.needs_compaction(st, suffix, req.decode_batch_idx):
+            if budget.needs_compaction(st, suffix, req.decode_batch_idx):
                 items.append(CompactionItem(req.req_pool_idx, st.c0, suffix, st.n_stored,
                                             st.n_stored == 0,  # first since (re)prefill
-                                            self.window.slot_of(req.req_pool_idx)))
+                                            self.window.slot_of(req.req_pool_idx),
+                                            budget.kv_budget))
                 rows.append(i)
         if items:
             self._plan(batch, items, rows)
 
     def _plan(self, batch, items, rows) -> None:
-        k = self.budget.kv_budget
         r2t = batch.req_to_token_pool.req_to_token
         allocator = batch.token_to_kv_pool_allocator
         seq_lens_cpu = batch.seq_lens_cpu.clone()
-        for start in range(0, len(items), MAX_REQS_PER_LAUNCH):
-            chunk = items[start:start + MAX_REQS_PER_LAUNCH]
-            plan, surplus = plan_compaction(r2t, chunk, k, self.page_size)
-            allocator.free(surplus)
-            self.pending.append(plan)
-            self.stats["compaction_batches"] += 1
+        for k in sorted({it.kv_budget for it in items}):  # one launch group per kept count
+            same_k = [it for it in items if it.kv_budget == k]
+            for start in range(0, len(same_k), MAX_REQS_PER_LAUNCH):
+                plan, surplus = plan_compaction(r2t, same_k[start:start + MAX_REQS_PER_LAUNCH],
+                                                k, self.page_size)
+                allocator.free(surplus)
+                self.pending.append(plan)
+                self.stats["compaction_batches"] += 1
         for it, i in zip(items, rows):
             req = batch.reqs[i]
             st = req.zipage
-            new_len = it.c0 + k
+            new_len = it.c0 + it.kv_budget
             evicted = req.kv_committed_len - new_len
             st.pos_offset += evicted
-            st.n_stored = k
+            st.n_stored = it.kv_budget
             st.compactions += 1
             req.kv_committed_len = new_len
             req.kv.kv_allocated_len = new_len

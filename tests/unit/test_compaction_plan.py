@@ -46,7 +46,7 @@ def test_plan_frees_surplus_pages_and_keeps_prompt_columns(page):
         _give(alloc, r2t, rpi, -(-n // page) * page)
     row_before = r2t.req_to_token.clone()
     free_before = alloc.available_size()
-    items = [CompactionItem(rpi, c0, n - c0, 0, True, rpi) for rpi, n in lengths.items()]
+    items = [CompactionItem(rpi, c0, n - c0, 0, True, rpi, k) for rpi, n in lengths.items()]
     plan, surplus = plan_compaction(r2t.req_to_token, items, k, page)
     alloc.free(surplus)
 
@@ -70,7 +70,7 @@ def test_execute_keeps_window_and_leaves_other_slots_untouched(page):
     _give(alloc, r2t, 1, -(-n // page) * page)
     other = _give(alloc, r2t, 2, 2 * page if page > 1 else 9)  # another request
     snapshot = [b.clone() for b in pool.k_buffer + pool.v_buffer]
-    item = CompactionItem(1, c0, n - c0, 0, True, 1)
+    item = CompactionItem(1, c0, n - c0, 0, True, 1, k)
     plan, _ = plan_compaction(r2t.req_to_token, [item], k, page)
     ring = torch.randn((LAYERS, 3, W, Q_HEADS, DIM), generator=g)
     execute(plan, ScoringParams(window=W, decay=0.0), ring, pool.k_buffer, pool.v_buffer,
