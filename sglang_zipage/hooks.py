@@ -106,6 +106,10 @@ def _report_state(result, scheduler, *args, **kwargs):
     return result
 
 
+def _decode_log_parts(result, observer, *args, **kwargs):
+    return result + RUNTIME.log_parts()
+
+
 def _attach_meta_info(result, req, *args, **kwargs):
     from sglang_zipage import meta_info
 
@@ -178,6 +182,8 @@ def _hook_table():
          "/server_info shows the active zipage config and counters (L4165)"),
         ("managers.schedule_batch.Req.__init__", T.AFTER, _attach_meta_info,
          "meta_info gets zipage_compactions / zipage_kv_len via customized_info (L1057)"),
+        ("managers.scheduler_components.pool_stats_observer.PoolStats.get_decode_usage_msg_parts",
+         T.AFTER, _decode_log_parts, "the periodic decode log line shows compression (L88)"),
     ]
 
 

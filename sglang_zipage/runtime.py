@@ -38,6 +38,8 @@ class ZipageRuntime:
         self.window: Optional[QueryWindow] = None
         self.pending: List[CompactionPlan] = []
         self._budgets = {}  # per-request kv_budget -> Budget
+        self.metrics = None  # ZipageMetrics with --enable-metrics
+        self.compressed_running = 0
         self.stats = dict(compactions=0, compaction_batches=0, tokens_evicted=0,
                           pages_freed=0, compaction_ms=0.0, max_suffix_tokens=0,
                           window_slot_misses=0)
@@ -71,6 +73,10 @@ class ZipageRuntime:
         self.memory_bytes = extra
         if self.device.type == "cuda":
             self._warm_up(layers, kv_heads, head_dim, pool.dtype)
+        if model_runner.server_args.enable_metrics:
+            from sglang_zipage.metrics import ZipageMetrics
+
+            self.metrics = ZipageMetrics()
         logger.info("zipage: budget %d + buffer %d tokens, window %d, %d window slots, "
                     "page %d; query window + scores use %.1f MiB", cfg.kv_budget, cfg.buffer,
                     cfg.window, slots, page, extra / 2**20)
@@ -150,12 +156,13 @@ class ZipageRuntime:
 
         Runs in the scheduler before the decode memory check, so the freed pages count.
         """
-        items, rows = [], []
+        items, rows, compressed = [], [], 0
         for i, req in enumerate(batch.reqs):
             budget = self.budget_of(req) if not req.finished() else None
             if budget is None or req.req_pool_idx is None:
                 continue
             st = self.state(req)
+            compressed += st.compactions > 0
             suffix = req.kv_committed_len - st.c0
             st.max_suffix = max(st.max_suffix, suffix)
             if suffix > self.stats["max_suffix_tokens"]:
@@ -171,6 +178,9 @@ class ZipageRuntime:
                                             self.window.slot_of(req.req_pool_idx),
                                             budget.kv_budget))
                 rows.append(i)
+        self.compressed_running = compressed
+        if self.metrics is not None:
+            self.metrics.compressed_running.set(compressed)
         if items:
             self._plan(batch, items, rows)
 
@@ -201,6 +211,9 @@ class ZipageRuntime:
             self.stats["compactions"] += 1
             self.stats["tokens_evicted"] += evicted
             self.stats["pages_freed"] += evicted // self.page_size
+        if self.metrics is not None:
+            evicted = sum(it.suffix - it.kv_budget for it in items)
+            self.metrics.on_plan(len(items), evicted, evicted // self.page_size)
         # New tensors, never in-place edits: an in-flight forward may hold the old ones.
         batch.seq_lens_cpu = seq_lens_cpu
         batch.seq_lens = seq_lens_cpu.to(batch.seq_lens.device, non_blocking=True)
@@ -223,7 +236,10 @@ class ZipageRuntime:
             execute(plan, self.params, self.window.ring, self.k_buffers, self.v_buffers,
                     sbufs, self.sm_scale)
         self.pending.clear()
-        self.stats["compaction_ms"] += (time.perf_counter() - t0) * 1e3
+        elapsed = time.perf_counter() - t0
+        self.stats["compaction_ms"] += elapsed * 1e3
+        if self.metrics is not None:
+            self.metrics.compaction_seconds.inc(elapsed)
 
     # ----------------------------------------------------------- forward
     def position_offsets(self, batch) -> Optional[torch.Tensor]:
@@ -239,6 +255,11 @@ class ZipageRuntime:
 
     def capture(self, layer_id: int, q: torch.Tensor, forward_batch) -> None:
         self.window.write(layer_id, q, forward_batch.req_pool_indices, forward_batch.positions)
+
+    def log_parts(self):
+        """Appended to SGLang's periodic decode log line."""
+        return [f"zipage compressed-req: {self.compressed_running}",
+                f"compactions: {self.stats['compactions']}"]
 
     # ------------------------------------------------------------ report
     def report(self, running_reqs=()) -> dict:

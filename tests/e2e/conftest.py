@@ -20,7 +20,7 @@ def _server(tmp_path_factory, name, args):
 @pytest.fixture(scope="session")
 def zipage_server(tmp_path_factory):
     """Compression on with a small budget (64 + buffer 16), so it compresses often."""
-    yield from _server(tmp_path_factory, "zipage", SMALL_BUDGET)
+    yield from _server(tmp_path_factory, "zipage", [*SMALL_BUDGET, "--enable-metrics"])
 
 
 @pytest.fixture(scope="session")

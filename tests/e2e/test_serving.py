@@ -42,6 +42,17 @@ def test_scheduler_process_reports_active_config(zipage_server):
     assert_healthy(zipage_server)
 
 
+def test_metrics_and_decode_log_show_compression(zipage_server):
+    zipage_server.generate(chat_prompt("Describe a forest."), 120, ignore_eos=True)
+    metrics = requests.get(zipage_server.url + "/metrics", timeout=60).text
+    values = {line.split()[0]: float(line.split()[1]) for line in metrics.splitlines()
+              if line.startswith("zipage:")}
+    assert values["zipage:compactions_total"] >= (120 - 80) // 16
+    assert values["zipage:pages_freed_total"] >= 16
+    assert "zipage:num_running_compressed_reqs" in values
+    assert "zipage compressed-req:" in zipage_server.log()
+
+
 def test_disabled_server_installs_nothing(stock_server):
     assert stock_server.zipage_state() is None
     out = stock_server.generate(chat_prompt("Name three colors."), 8)

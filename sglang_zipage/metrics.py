@@ -1,0 +1,27 @@
+"""Prometheus metrics of the scheduler process (with SGLang's ``--enable-metrics``).
+
+SGLang runs prometheus_client in multiprocess mode (PROMETHEUS_MULTIPROC_DIR is set before
+the scheduler starts), so metrics created here are served by the HTTP server's /metrics
+next to SGLang's own ``sglang:*`` series.
+"""
+
+from __future__ import annotations
+
+
+class ZipageMetrics:
+    def __init__(self):
+        from prometheus_client import Counter, Gauge  # after SGLang set the multiproc dir
+
+        self.compactions = Counter("zipage:compactions", "Compactions (one per request compressed).")
+        self.tokens_evicted = Counter("zipage:tokens_evicted", "KV tokens evicted by compactions.")
+        self.pages_freed = Counter("zipage:pages_freed", "KV pages returned to SGLang's pool.")
+        self.compaction_seconds = Counter(
+            "zipage:compaction_seconds", "Host time launching scoring + compaction kernels.")
+        self.compressed_running = Gauge(
+            "zipage:num_running_compressed_reqs", "Running requests that went through a compaction.",
+            multiprocess_mode="mostrecent")
+
+    def on_plan(self, compactions: int, evicted: int, pages: int) -> None:
+        self.compactions.inc(compactions)
+        self.tokens_evicted.inc(evicted)
+        self.pages_freed.inc(pages)
