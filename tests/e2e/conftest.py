@@ -7,12 +7,13 @@ tests see as a failed request or an unhealthy server and as a traceback in the l
 
 import pytest
 
-from zipage_server import POOL_TOKENS, SMALL_BUDGET, STRICT_MEM_ENV, Server
+from zipage_server import CHUNK_TOKENS, POOL_TOKENS, SMALL_BUDGET, STRICT_MEM_ENV, Server
 
 
 def _server(tmp_path_factory, name, args):
     log = tmp_path_factory.mktemp("servers") / f"{name}.log"
-    srv = Server(["--max-total-tokens", POOL_TOKENS, *args], log, env=STRICT_MEM_ENV)
+    srv = Server(["--max-total-tokens", POOL_TOKENS, "--chunked-prefill-size", CHUNK_TOKENS, *args],
+                 log, env=STRICT_MEM_ENV)
     yield srv
     srv.stop()
 

@@ -7,10 +7,11 @@ Run: .venv/bin/python -m pytest tests/e2e/test_compression.py
 """
 
 import re
+import time
 from concurrent.futures import ThreadPoolExecutor
 
-from zipage_server import (POOL_TOKENS, SMALL_BUDGET, STRICT_MEM_ENV, Server, assert_healthy,
-                           chat_prompt, repetition_rate)
+from zipage_server import (CHUNK_TOKENS, POOL_TOKENS, SMALL_BUDGET, STRICT_MEM_ENV, Server,
+                           assert_healthy, chat_prompt, repetition_rate)
 
 PROMPTS = [
     "Explain how rainbows form.",
@@ -109,3 +110,26 @@ def test_compressed_requests_survive_retraction_and_sigterm_stops_cleanly(tmp_pa
     finally:
         alive = server.stop()
     assert alive == [], f"processes left after SIGTERM: {alive}"
+
+
+def test_chunked_prefill_of_a_long_prompt_while_others_compress(zipage_server):
+    before = zipage_server.zipage_state()["compactions"]
+    start = len(zipage_server.log())
+    long_prompt = chat_prompt("Summarize: " + "Bees make honey in hives and dance to share news. " * 25)
+    with ThreadPoolExecutor(3) as ex:
+        busy = [ex.submit(zipage_server.generate, chat_prompt(p), 300, ignore_eos=True)
+                for p in PROMPTS[:2]]
+        deadline = time.monotonic() + 600  # orchestration only: wait until they compress
+        while zipage_server.zipage_state()["compactions"] == before and time.monotonic() < deadline:
+            time.sleep(0.5)
+        long_out = ex.submit(zipage_server.generate, long_prompt, 24).result()
+        outs = [f.result() for f in busy]
+    assert all(o["meta_info"]["completion_tokens"] == 300 for o in outs)
+    assert long_out["meta_info"]["prompt_tokens"] > 4 * int(CHUNK_TOKENS)
+    assert long_out["text"].strip()
+    log = zipage_server.log()[start:]
+    assert f"#new-token: {CHUNK_TOKENS}," in log  # the prompt went in chunks
+    after = zipage_server.zipage_state()
+    assert after["compactions"] >= before + 2 * (300 - 80) // 16 - 2
+    assert after["max_suffix_tokens"] <= 80
+    assert_healthy(zipage_server)

@@ -16,6 +16,7 @@ import requests
 REPO = Path(__file__).resolve().parents[2]
 POOL_TOKENS = "640"  # too small for 4 x 300-token outputs, large enough for 4 budgets
 SMALL_BUDGET = ["--zipage-kv-budget", "64", "--zipage-buffer", "16"]
+CHUNK_TOKENS = "64"  # long prompts are prefilled in chunks, as on a busy GPU server
 STRICT_MEM_ENV = {
     "SGLANG_ENABLE_STRICT_MEM_CHECK_DURING_BUSY": "1",
     "SGLANG_CHECK_KV_PAGE_INVARIANTS": "1",
