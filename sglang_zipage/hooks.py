@@ -77,11 +77,12 @@ def _running_reserve(original, adder, req):
 def _lift_pool_cap(original, scheduler, req):
     requested = req.sampling_params.max_new_tokens
     original(scheduler, req)
-    if RUNTIME.budget_of(req) is None:
+    budget = RUNTIME.budget_of(req)
+    if budget is None:
         return  # compression off for this request: SGLang's cap stands
     page = scheduler.page_size
     paged_input = -(-len(req.origin_input_ids) // page) * page
-    if paged_input + RUNTIME.budget.admission_reserve() + page < scheduler.max_total_num_tokens:
+    if paged_input + budget.admission_reserve() + page < scheduler.max_total_num_tokens:
         # The footprint is bounded by the budget, so only the model's context length
         # (logical positions) bounds the output, not the KV pool.
         cap = scheduler.model_config.context_len - 1 - len(req.origin_input_ids) - 1
