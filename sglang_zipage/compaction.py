@@ -23,8 +23,7 @@ from typing import List, Optional, Sequence
 import torch
 
 from sglang_zipage.budget import check_i2
-from sglang_zipage.scoring import ScoringParams, score_tokens
-from sglang_zipage.kernels import compact_kv, select_topk
+from sglang_zipage.scoring import ScoringParams, select_and_compact
 
 
 @dataclass(frozen=True)
@@ -94,10 +93,5 @@ def execute(plan: CompactionPlan, params: ScoringParams, window_ring: torch.Tens
             score_buffers: Optional[Sequence[torch.Tensor]], sm_scale: float) -> None:
     """Score, select and compact on the current stream. Launches kernels only (C1)."""
     q_window = window_ring[:, plan.window_slots]  # [L, R, W, Hq, D]
-    final, global_score = score_tokens(params, q_window, k_buffers, score_buffers,
-                                       plan.src_slots, plan.src_lens, plan.n_stored,
-                                       plan.first, sm_scale)
-    keep = select_topk(final, plan.k)
-    kept_scores = global_score.gather(-1, keep) if score_buffers is not None else None
-    compact_kv(k_buffers, v_buffers, score_buffers, plan.src_slots, keep, plan.dst_slots,
-               kept_scores)
+    select_and_compact(params, q_window, k_buffers, v_buffers, score_buffers, plan.src_slots,
+                       plan.src_lens, plan.n_stored, plan.first, sm_scale, plan.dst_slots, plan.k)
