@@ -8,7 +8,6 @@ Same constructor arguments as ``sglang.Engine`` plus the zipage options, either 
 from __future__ import annotations
 
 import dataclasses
-import os
 
 from sglang.srt.entrypoints.engine import Engine as SGLangEngine
 
