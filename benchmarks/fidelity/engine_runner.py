@@ -28,16 +28,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 
 
 def zipage_engine_class():
-    """sglang_zipage.Engine. SGLang 0.5.17 exports ``sglang.Engine`` as a LazyImport object,
-    which sglang_zipage/engine.py cannot subclass ("LazyImport.__init__() takes 3 positional
-    arguments"): resolve it to the class first (as benchmarks/bench_throughput.py does)."""
-    import sglang
-
-    if not isinstance(sglang.Engine, type):
-        from sglang.srt.entrypoints.engine import Engine as SGLangEngine
-
-        sglang.Engine = SGLangEngine
-    from sglang_zipage.engine import Engine
+    from sglang_zipage import Engine
 
     return Engine
 

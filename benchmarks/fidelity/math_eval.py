@@ -12,7 +12,9 @@ samples when --temperature > 0 (greedy, one sample, by default).
 Grading: the content of the last \\boxed{...} (balanced braces), normalized (spaces, $,
 \\text{}, \\left/\\right, \\dfrac -> \\frac, a trailing period); equal to the reference as
 numbers when both parse (integers, decimals, a/b, \\frac{a}{b}), else as strings. No boxed
-answer counts as wrong (``--lenient``: fall back to the last number in the output).
+answer counts as wrong (``--lenient``: fall back to the last number in the output);
+``pass_at_1_lenient`` (last number when no box) is reported either way, for small models
+that do not box their answers.
 
 Problems: --problems FILE.jsonl with one {"problem": ..., "answer": ...} per line (also
 accepted: "question" for the problem), default the 85 CHAMP problems whose answer is a
@@ -217,8 +219,10 @@ def main(argv=None):
         for i, p in enumerate(problems):
             outs = res["outputs"][i * args.samples:(i + 1) * args.samples]
             preds = [extract(o["text"], args.lenient) for o in outs]
+            loose = [extract(o["text"], True) for o in outs]
             per.append({"id": p["id"], "answer": p["answer"], "predictions": preds,
                         "correct": [is_correct(x, p["answer"]) for x in preds],
+                        "correct_lenient": [is_correct(x, p["answer"]) for x in loose],
                         "completion_tokens": [o["completion_tokens"] for o in outs],
                         "texts": [o["text"] for o in outs]})
         n_out = len(problems) * args.samples
@@ -226,6 +230,7 @@ def main(argv=None):
             "engine_kwargs": {k: v for k, v in kw.items() if k != "model_path"},
             "pass_at_1": sum(sum(r["correct"]) for r in per) / n_out,
             "answer_found": sum(x is not None for r in per for x in r["predictions"]) / n_out,
+            "pass_at_1_lenient": sum(sum(r["correct_lenient"]) for r in per) / n_out,
             "mean_completion_tokens": sum(sum(r["completion_tokens"]) for r in per) / n_out,
             "start_s": res["start_s"], "generate_s": res["generate_s"], "problems": per}
         log(f"{name}: pass@1 {runs[name]['pass_at_1']:.3f}, answer found "
@@ -241,7 +246,8 @@ def main(argv=None):
     out = {"name": "fidelity_math_eval", "command": " ".join([os.path.relpath(__file__, REPO)] + sys.argv[1:]),
            "config": vars(args), "versions": versions(), "git_sha": git_sha(),
            "device": device_name(), "prompt_template": PROMPT,
-           "summary": {k: {x: v.get(x) for x in ("pass_at_1", "answer_found", "mean_completion_tokens",
+           "summary": {k: {x: v.get(x) for x in ("pass_at_1", "answer_found", "pass_at_1_lenient",
+                                                 "mean_completion_tokens",
                                                  "length_inflation", "pass_at_1_relative")}
                        for k, v in runs.items()},
            "runs": runs}

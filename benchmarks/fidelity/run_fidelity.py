@@ -22,12 +22,15 @@ What it measures
   engine nll_ratio - hf nll_ratio, with a paired bootstrap over texts.
   Free running (engine): greedy generations from chat prompts, up to --free-max-new tokens,
   with and without compression: length inflation and word 4-gram repetition rate.
-  The engine's controls need a selection knob in sglang_zipage (zipage_selection =
-  score | random | recent); until ZipageConfig has it they run in the HF reference only.
+  The engine's controls use ZipageConfig.selection (zipage_selection = random | recent);
+  with an older sglang_zipage that lacks it they run in the HF reference only.
 
 Presets
   --preset subset  2 texts x 256 tokens, budget 25%, engine: window and +pooling, HF: all
                    six; 2 free prompts x 256 tokens. CPU: about 10 minutes.
+  --preset cpu     4 texts x 512 tokens, budget 25%, engine and HF: all six variants (HF
+                   also at 12.5/50%); 4 free prompts x 384 tokens. CPU: about 80 minutes
+                   (--hf-budgets 0.25: about 65).
   --preset full    12 texts x 1024 tokens, budgets 12.5/25/50%, every variant in both
                    implementations; 12 free prompts x 1536 tokens.
   Any preset value can be overridden (--n-texts, --cont-len, --budgets, ...).
@@ -54,7 +57,7 @@ import shlex
 import subprocess
 import sys
 import time
-from typing import Dict, List, Optional
+from typing import Dict, Optional
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(os.path.dirname(HERE))
@@ -86,6 +89,9 @@ PRESETS = {
     "subset": dict(n_texts=2, prompt_len=64, cont_len=256, budgets=[0.25], buffer=16, window=16,
                    engine_variants=["window", "+pooling"], hf_variants=SCORING + CONTROLS,
                    n_free=2, free_max_new=256),
+    "cpu": dict(n_texts=4, prompt_len=64, cont_len=512, budgets=[0.25], buffer=32, window=16,
+                engine_variants=SCORING + CONTROLS, hf_variants=SCORING + CONTROLS, n_free=4,
+                free_max_new=384, hf_budgets=[0.125, 0.25, 0.5]),
     "full": dict(n_texts=12, prompt_len=64, cont_len=1024, budgets=[0.125, 0.25, 0.5],
                  buffer=32, window=16, engine_variants=SCORING + CONTROLS,
                  hf_variants=SCORING + CONTROLS, n_free=12, free_max_new=1536),
@@ -106,6 +112,8 @@ def parse_args(argv=None):
     a("--prompt-len", type=int)
     a("--cont-len", type=int)
     a("--budgets", type=lambda s: [float(x) for x in s.split(",")], help="e.g. 0.125,0.25,0.5")
+    a("--hf-budgets", type=lambda s: [float(x) for x in s.split(",")],
+      help="budgets of the HF reference (default: --budgets)")
     a("--buffer", type=int)
     a("--window", type=int)
     a("--engine-variants", type=lambda s: [x for x in s.split(",") if x],
@@ -118,12 +126,18 @@ def parse_args(argv=None):
     a("--hf-device", default="cpu")
     a("--hf-dtype", default="float32", choices=["float32", "bfloat16"])
     a("--hf-noise-dtype", default="bfloat16",
-      help="also run the HF reference in this dtype for the variants the engine runs: the "
-           "numerics yardstick of 'within noise' ('none' to skip)")
-    a("--hf-threads", type=int, default=None, help="torch threads of the HF reference")
+      help="also run the HF reference in this dtype for the variants the engine runs, at the "
+           "25%% budget (else every budget): the numerics yardstick of 'within noise' "
+           "('none' to skip)")
+    a("--hf-threads", type=int, default=None,
+      help="torch threads of the HF reference (default 1 on a CPU: 2 threads on this 2-core "
+           "machine ran 5x slower as soon as anything else ran)")
     a("--engine-arg", action="append", default=[], metavar="KEY=VALUE",
       help="extra sglang_zipage.Engine keyword (VALUE parsed as JSON when it can be)")
     a("--engine-timeout-s", type=int, default=3600)
+    a("--parallel", type=int, default=1,
+      help="engine configurations run at once (GPU: each gets mem_fraction_static 0.8/N and "
+           "its own ports; on a 2-core CPU keep 1)")
     a("--workdir", default=None, help="part files (default /tmp/fidelity-<preset>)")
     a("--resume", action="store_true", help="reuse part files found in --workdir")
     a("--out", default=os.path.join(REPO, "benchmarks", "results", "fidelity.json"))
@@ -133,6 +147,8 @@ def parse_args(argv=None):
     for k, v in PRESETS[args.preset].items():
         if getattr(args, k) is None:
             setattr(args, k, v)
+    if args.hf_budgets is None:
+        args.hf_budgets = args.budgets
     for v in args.engine_variants + args.hf_variants:
         if v not in VARIANTS:
             p.error(f"unknown variant {v!r}; known: {', '.join(VARIANTS)}")
@@ -188,13 +204,16 @@ def engine_kwargs(args, frac, variant, items, free_prompts) -> Dict:
 
 def run_engine(args, name, kw, items, free) -> Dict:
     part = os.path.join(args.workdir, f"engine_{name}.json")
-    if args.resume and os.path.exists(part):
-        log(f"engine {name}: reusing {part}")
-        return json.load(open(part))
     spec = {"name": name, "engine_kwargs": kw, "free_max_new": args.free_max_new,
             "items": [dict(id=it.id, prompt_ids=it.prompt_ids, ref_ids=it.ref_ids) for it in items],
             "free": [dict(id=it.id, prompt_ids=it.free_prompt_ids) for it in free]}
     spec_path = os.path.join(args.workdir, f"spec_{name}.json")
+    if args.resume and os.path.exists(part):
+        same = os.path.exists(spec_path) and json.load(open(spec_path)) == spec
+        if same:
+            log(f"engine {name}: reusing {part}")
+            return json.load(open(part))
+        log(f"engine {name}: {part} was made with another spec (texts, lengths or settings): rerun")
     json.dump(spec, open(spec_path, "w"))
     log(f"engine {name}: starting ({len(items)} texts x {args.cont_len} forced tokens, "
         f"{len(free)} free prompts x <= {args.free_max_new} tokens) {kw}")
@@ -214,14 +233,22 @@ def run_hf(args, ref, impl, name, ev, items) -> Dict:
 
     part = os.path.join(args.workdir, f"{impl}_{name}.json")
     if args.resume and os.path.exists(part):
-        log(f"{impl} {name}: reusing {part}")
-        return json.load(open(part))
+        old = json.load(open(part))
+        f0 = next(iter(old["forced"].values()))
+        if (old["eviction"] == (dataclasses.asdict(ev) if ev else None)
+                and list(old["forced"]) == [it.id for it in items]
+                and len(f0["logprob"]) == len(items[0].ref_ids)
+                and old.get("prompt_len", len(items[0].prompt_ids)) == len(items[0].prompt_ids)):
+            log(f"{impl} {name}: reusing {part}")
+            return old
+        log(f"{impl} {name}: {part} was made with other settings: rerun")
     prompts = torch.tensor([it.prompt_ids for it in items])
     refs = torch.tensor([it.ref_ids for it in items])
     t0 = time.time()
     out = ref.teacher_forced(prompts, refs, ev, progress=lambda s, c: log(
         f"{impl} {name}: step {s}/{c}, {s * len(items) / (time.time() - t0):.1f} tok/s"))
     res = {"name": name, "eviction": dataclasses.asdict(ev) if ev else None,
+           "prompt_len": len(items[0].prompt_ids),
            "seconds": time.time() - t0,
            "forced": {it.id: {"logprob": out["logprob"][i], "top1": out["top1"][i],
                               "compactions_before": out["compactions_before"]}
@@ -440,16 +467,30 @@ def main(argv=None):
     if not args.skip_engine:
         has_sel = engine_has_selection()
         plan = [(None, None)] + [(f, v) for f in args.budgets for v in args.engine_variants]
+        jobs = []
         for frac, variant in plan:
             if variant is not None and VARIANTS[variant][2] != "score" and not has_sel:
                 log(f"engine {config_name(frac, variant)}: skipped (ZipageConfig has no "
                     f"'selection' knob yet; the HF reference runs this control)")
                 continue
-            name = config_name(frac, variant)
             kw = engine_kwargs(args, frac, variant, items, [f.free_prompt_ids for f in free_items])
-            run = run_engine(args, name, kw, items, free_items)
+            if args.parallel > 1:  # several small engines share the GPU: own memory share, ports
+                kw.setdefault("mem_fraction_static", round(0.8 / args.parallel, 3))
+                kw.setdefault("port", 31000 + 20 * len(jobs))
+                kw.setdefault("nccl_port", 31000 + 20 * len(jobs) + 7)
+            jobs.append((frac, variant, kw))
+
+        def one(job):
+            frac, variant, kw = job
+            run = run_engine(args, config_name(frac, variant), kw, items, free_items)
             run.update(frac=frac, variant=variant)
-            engine_runs[name] = run
+            return config_name(frac, variant), run
+
+        from concurrent.futures import ThreadPoolExecutor
+
+        with ThreadPoolExecutor(max(1, args.parallel)) as pool:
+            for name, run in pool.map(one, jobs):
+                engine_runs[name] = run
 
     runs_by_impl = {"engine": engine_runs} if engine_runs else {}
     if not args.skip_hf:
@@ -457,17 +498,19 @@ def main(argv=None):
         from hf_reference import HFReference
         from selection import Eviction
 
-        if args.hf_threads:
-            torch.set_num_threads(args.hf_threads)
+        if args.hf_threads or args.hf_device == "cpu":
+            torch.set_num_threads(args.hf_threads or 1)
         passes = [("hf", args.hf_dtype, args.hf_variants)]
         if args.hf_noise_dtype not in ("", "none", args.hf_dtype):
             # the numerics yardstick: the variants the engine ran, reference in another dtype
             passes.append((f"hf-{args.hf_noise_dtype}", args.hf_noise_dtype,
                            [v for v in args.hf_variants if v in args.engine_variants]))
+        noise_budgets = [f for f in args.budgets if abs(f - 0.25) < 1e-9] or args.budgets
         for impl, dtype, variants in passes:
             ref = HFReference(model_path, dtype=getattr(torch, dtype), device=args.hf_device)
             runs_by_impl[impl] = {}
-            plan = [(None, None)] + [(f, v) for f in args.budgets for v in variants]
+            budgets = args.hf_budgets if impl == "hf" else noise_budgets
+            plan = [(None, None)] + [(f, v) for f in budgets for v in variants]
             for frac, variant in plan:
                 name = config_name(frac, variant)
                 ev = None

@@ -52,7 +52,7 @@ def free_request(t: dict) -> str:
         problem = first.split(". ", 1)[1] if first.startswith("Problem") else first
         return ("Solve the following problem step by step, then give the final answer in "
                 f"\\boxed{{}}.\n\n{problem}")
-    topic = t["title"].split(". ", 1)[-1].strip("‘’")
+    topic = t["title"].split(". ", 1)[-1]
     return f"Write a long, detailed essay about the following topic: {topic}."
 
 
