@@ -192,13 +192,9 @@ def main(argv=None):
     if not torch.cuda.is_available():
         longest = max(len(tok(p)["input_ids"]) for p in prompts)
         base["max_total_tokens"] = len(prompts) * args.samples * (longest + args.max_new_tokens) + 1024
-    for item in args.engine_arg:
-        k, _, v = item.partition("=")
-        try:
-            v = json.loads(v)
-        except ValueError:
-            pass
-        base[k] = v
+    from run_fidelity import parse_engine_args
+
+    base.update(parse_engine_args(args.engine_arg))
     configs = [] if args.no_full else [("full", {**base, "zipage_enabled": False})]
     for b in [int(x) for x in args.budgets.split(",") if x.strip()]:
         configs.append((f"budget{b}", {**base, "zipage_kv_budget": b, "zipage_buffer": args.buffer,

@@ -98,6 +98,19 @@ PRESETS = {
 }
 
 
+
+def parse_engine_args(items) -> Dict:
+    """--engine-arg KEY=VALUE pairs as Engine keywords; VALUE is JSON when it parses."""
+    out = {}
+    for item in items:
+        k, _, v = item.partition("=")
+        try:
+            v = json.loads(v)
+        except ValueError:
+            pass
+        out[k] = v
+    return out
+
 def log(msg: str) -> None:
     print(f"[fidelity {time.strftime('%H:%M:%S')}] {msg}", flush=True)
 
@@ -192,13 +205,7 @@ def engine_kwargs(args, frac, variant, items, free_prompts) -> Dict:
                   zipage_window=args.window)
         if policy != "score":
             kw["zipage_selection"] = policy
-    for item in args.engine_arg:
-        k, _, v = item.partition("=")
-        try:
-            v = json.loads(v)
-        except ValueError:
-            pass
-        kw[k] = v
+    kw.update(parse_engine_args(args.engine_arg))
     return kw
 
 
