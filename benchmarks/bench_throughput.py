@@ -80,9 +80,9 @@ SERVER_INFO_KEYS = ("max_total_num_tokens", "max_running_requests", "max_prefill
 STOCK_NOTE = ("stock = sglang_zipage.Engine(zipage_enabled=False, ...): no zipage hook is "
               "installed, SGLang 0.5.17's own code runs (on a machine without a GPU only the "
               "CPU rotary-import fix is applied, which stock SGLang needs to start there)")
-SHARE_NOTE = ("compaction_share = delta of zipage compaction_ms over the window / window ms. "
-              "compaction_ms is the CPU-side wall time of ZipageRuntime.flush() (scoring + "
-              "compaction kernel launches, no device synchronisation), not GPU time")
+SHARE_NOTE = ("compaction_share = GPU time of the scoring + compaction kernels in the window "
+              "(CUDA events around them on their stream, summed as they complete) / window "
+              "wall time; compaction_launch_share = the CPU time spent launching them / window")
 
 
 # ------------------------------------------------------------------ arguments
@@ -132,6 +132,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     a("--commit", default=None, help="default: git rev-parse HEAD, else $ZIPAGE_COMMIT")
     a("--out", default="throughput.json")
     a("--png", default=None, help="also draw this PNG (needs matplotlib)")
+    a("--parallel", action="store_true",
+      help="run each engine at the same time in its own process on its own GPU "
+           "(CUDA_VISIBLE_DEVICES=0, 1, ...), then merge: side by side on one host")
     a("--merge", nargs="+", default=None, metavar="JSON",
       help="merge single-engine result files into --out instead of running")
     args = p.parse_args(argv)
@@ -459,10 +462,37 @@ def print_summary(results: Dict) -> None:
         print("SUMMARY " + json.dumps(line), flush=True)
 
 
+def run_parallel(args, argv: List[str]) -> None:
+    """One child process per engine, each pinned to its own GPU; then --merge."""
+    argv = [a for a in argv if a != "--parallel"]
+    base, ext = os.path.splitext(args.out)
+    outs, procs = [], []
+    for gpu, which in enumerate(args.engine_list):
+        out = f"{base}-{which}{ext}"
+        env = {**os.environ, "CUDA_VISIBLE_DEVICES": str(gpu)}
+        cmd = [sys.executable, os.path.abspath(__file__), *argv, "--engines", which, "--out", out]
+        log(f"GPU {gpu}: {which}: {' '.join(cmd)}")
+        procs.append(subprocess.Popen(cmd, env=env))
+        outs.append(out)
+    codes = [p.wait() for p in procs]
+    log(f"engine processes exited with {codes}")
+    res = merge([o for o in outs if os.path.exists(o)], args.out)
+    res["command"] = " ".join(shlex.quote(x) for x in [sys.argv[0], *argv, "--parallel"])
+    res["parallel"] = {w: f"GPU {i}" for i, w in enumerate(args.engine_list)}
+    write_json(res, args.out)
+    print_summary(res)
+    if args.png:
+        from plot_throughput import plot
+        plot(args.out, args.png)
+
+
 def main(argv=None) -> None:
     args = parse_args(argv)
     if args.merge:
         print_summary(merge(args.merge, args.out))
+        return
+    if args.parallel:
+        run_parallel(args, list(sys.argv[1:] if argv is None else argv))
         return
     clock = Clock(args.call_budget_s)
     model_dir = tiny_model_dir() if args.tiny else os.path.abspath(args.model)

@@ -102,7 +102,7 @@ async def take_sample(engine, run: LoadRun, zipage: bool) -> Dict:
         s["loads_error"] = repr(e)[:200]
     state = (await tm.get_internal_state())[0].get("zipage")  # both engines: same overhead
     if zipage and state is not None:
-        s["zipage"] = {k: state.get(k) for k in ("compactions", "compaction_ms", "tokens_evicted",
+        s["zipage"] = {k: state.get(k) for k in ("compactions", "compaction_ms", "compaction_gpu_ms", "tokens_evicted",
                                                  "compaction_batches", "running_compressed_requests",
                                                  "max_suffix_tokens", "window_slot_misses")}
     return s
@@ -113,7 +113,7 @@ def progress_line(run: LoadRun, prev: Optional[Dict], s: Dict) -> str:
     if prev is not None and s["t_s"] > prev["t_s"]:
         rate = (s["output_tokens"] - prev["output_tokens"]) / (s["t_s"] - prev["t_s"])
     z = s.get("zipage") or {}
-    zpart = (f" compactions={z.get('compactions')} comp_ms={z.get('compaction_ms', 0):.0f}"
+    zpart = (f" compactions={z.get('compactions')} comp_gpu_ms={z.get('compaction_gpu_ms') or 0:.0f}"
              if z else "")
     return (f"[{run.which} {run.label or run.spec.name}] t={s['t_s']:6.1f}s tokens={s['output_tokens']} "
             f"tok/s={rate:8.1f} running={s.get('running_reqs')} waiting={s.get('waiting_reqs')} "
@@ -234,10 +234,12 @@ def window_stats(samples: List[Dict], lo_s: float) -> Dict:
     if a.get("zipage") and b.get("zipage"):
         za, zb = a["zipage"], b["zipage"]
         d_ms = (zb["compaction_ms"] or 0) - (za["compaction_ms"] or 0)
+        d_gpu = (zb.get("compaction_gpu_ms") or 0) - (za.get("compaction_gpu_ms") or 0)
         d_n = (zb["compactions"] or 0) - (za["compactions"] or 0)
         out.update(window_compactions=d_n, compactions_per_s=round(d_n / span, 2),
-                   window_compaction_ms=round(d_ms, 1),
-                   compaction_share=round(d_ms / (span * 1e3), 4),
+                   window_compaction_ms=round(d_ms, 1), window_compaction_gpu_ms=round(d_gpu, 1),
+                   compaction_share=round(d_gpu / (span * 1e3), 4),
+                   compaction_launch_share=round(d_ms / (span * 1e3), 4),
                    window_tokens_evicted=(zb["tokens_evicted"] or 0) - (za["tokens_evicted"] or 0),
                    mean_compressed_running_reqs=rnd(sum(s["zipage"].get("running_compressed_requests") or 0
                                                         for s in inside) / len(inside), 1))

@@ -18,7 +18,9 @@ Invariants (checked where they are established; tests call the checkers):
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional
+from typing import Any, Optional
+
+ASYNC_LAG_TOKENS = 8  # decode steps an asynchronous compaction may take before it is awaited
 
 
 def floor_page(n: int, page: int) -> int:
@@ -36,6 +38,7 @@ class ReqState:
     n_stored: int = 0  # leading suffix tokens whose global score is valid (kept last time)
     window_since: int = -1  # decode_batch_idx when the request got its window slot
     max_suffix: int = 0  # largest suffix seen at a decode step (I6 evidence)
+    shadow: Any = None  # its asynchronous compaction in flight (runtime.Shadow), if any
 
 
 @dataclass(frozen=True)
@@ -44,29 +47,37 @@ class Budget:
     buffer: int
     window: int
     page_size: int = 1
+    lag: int = 0  # asynchronous mode: compactions start this many tokens before the limit
 
     def __post_init__(self):
         assert self.kv_budget % self.page_size == 0, "I2: kv_budget must be page aligned"
         assert self.buffer % self.page_size == 0, "I2: buffer must be page aligned"
+        assert self.lag % self.page_size == 0 and self.lag < self.buffer, "lag"
 
     @property
     def limit(self) -> int:
         """Most decode-suffix tokens a request ever holds (I6)."""
         return self.kv_budget + self.buffer
 
+    @property
+    def trigger(self) -> int:
+        """Suffix length at which a compaction starts: the limit, or ``lag`` tokens
+        before it when compactions run asynchronously (they finish by the limit)."""
+        return self.limit - self.lag
+
     def compress_start(self, cache_protected_len: int, prompt_len: int) -> int:
         """c0: the prompt's full pages (and whatever the radix tree protects) stay."""
         return max(cache_protected_len, floor_page(prompt_len, self.page_size))
 
     def needs_window(self, suffix: int) -> bool:
-        """Take a window slot W decode steps before the suffix reaches the limit."""
-        return suffix >= self.limit - self.window
+        """Take a window slot W decode steps before the suffix reaches the trigger."""
+        return suffix >= self.trigger - self.window
 
     def window_ready(self, state: ReqState, decode_idx: int) -> bool:
         return state.window_since >= 0 and decode_idx - state.window_since >= self.window
 
     def needs_compaction(self, state: ReqState, suffix: int, decode_idx: int) -> bool:
-        return suffix >= self.limit and self.window_ready(state, decode_idx)
+        return suffix >= self.trigger and self.window_ready(state, decode_idx)
 
     def reserve(self, suffix: int, remaining_new_tokens: int) -> int:
         """Tokens a running request may still add before its footprint stops growing."""
@@ -75,6 +86,11 @@ class Budget:
     def admission_reserve(self) -> int:
         """Per-request decode reservation for a new request (plus its last prompt page)."""
         return self.limit + self.page_size
+
+
+def async_lag(page_size: int) -> int:
+    """Page-aligned head start of an asynchronous compaction."""
+    return -(-ASYNC_LAG_TOKENS // page_size) * page_size
 
 
 def check_i2(c0: int, k: int, page: int) -> None:

@@ -57,8 +57,12 @@ class CompactionPlan:
 
 
 def plan_compaction(req_to_token: torch.Tensor, items: Sequence[CompactionItem], k: int,
-                    page_size: int):
-    """Return (plan, surplus slots to free). Runs on the scheduler's stream."""
+                    page_size: int, fresh: Optional[torch.Tensor] = None):
+    """Return (plan, slots to free). Runs on the scheduler's stream.
+
+    In place (fresh None): the surplus columns' slots, free now (C2 orders the reuse).
+    Shadow (fresh [R, k] slots): the whole snapshot [R, S_max] padded with 0, to free only
+    at commit (``src_lens`` says how many of each row are real)."""
     dev = req_to_token.device
     s_max = max(it.suffix for it in items)
     rows, cols, free_rows, free_cols = [], [], [], []
@@ -74,24 +78,45 @@ def plan_compaction(req_to_token: torch.Tensor, items: Sequence[CompactionItem],
     lens_cpu = torch.tensor([it.suffix for it in items], dtype=torch.int64)
     pad = torch.arange(s_max)[None, :] >= lens_cpu[:, None]
     src.masked_fill_(pad.to(dev), 0)
-    surplus = req_to_token[torch.cat(free_rows).to(dev), torch.cat(free_cols).to(dev)].to(torch.int64)
+    if fresh is None:
+        to_free = req_to_token[torch.cat(free_rows).to(dev), torch.cat(free_cols).to(dev)].to(torch.int64)
+        dst = src[:, :k].clone()
+    else:
+        assert fresh.shape == (len(items), k)
+        to_free, dst = src, fresh.to(dev, torch.int64)
     plan = CompactionPlan(
         k=k,
         req_pool_indices=[it.req_pool_idx for it in items],
         window_slots=torch.tensor([it.window_slot for it in items], dtype=torch.int64).to(dev),
         src_slots=src,
         src_lens=lens_cpu.to(dev),
-        dst_slots=src[:, :k].clone(),
+        dst_slots=dst,
         n_stored=torch.tensor([it.n_stored for it in items], dtype=torch.int64).to(dev),
         first=torch.tensor([it.first for it in items], dtype=torch.bool).to(dev),
     )
-    return plan, surplus
+    return plan, to_free
 
 
-def execute(plan: CompactionPlan, params: ScoringParams, window_ring: torch.Tensor,
+def commit_shadow(req_to_token: torch.Tensor, req_pool_idx: int, c0: int, snapshot: int,
+                  suffix: int, fresh: torch.Tensor) -> None:
+    """Point columns [c0, c0 + k) at the compacted fresh slots and move the tail decoded
+    since the snapshot, columns [c0 + snapshot, c0 + suffix), right behind them.
+
+    Page alignment (I1) holds: c0, k and snapshot are page aligned, so every tail token
+    keeps its offset inside its page. Device ops on the scheduler's stream (hazard (a) of
+    the design map: forwards read a snapshot of req_to_token taken before they run)."""
+    k, tail = fresh.numel(), suffix - snapshot
+    row = req_to_token[req_pool_idx]
+    if tail:
+        row[c0 + k:c0 + k + tail] = row[c0 + snapshot:c0 + suffix].clone()
+    row[c0:c0 + k] = fresh.to(row.dtype)
+
+
+def execute(plan: CompactionPlan, params: ScoringParams, q_window: torch.Tensor,
             k_buffers: Sequence[torch.Tensor], v_buffers: Sequence[torch.Tensor],
             score_buffers: Optional[Sequence[torch.Tensor]], sm_scale: float) -> None:
-    """Score, select and compact on the current stream. Launches kernels only (C1)."""
-    q_window = window_ring[:, plan.window_slots]  # [L, R, W, Hq, D]
+    """Score, select and compact on the current stream. Launches kernels only (C1).
+
+    q_window: [L, R, W, Hq, D], the plan's window rows (``QueryWindow.gather``)."""
     select_and_compact(params, q_window, k_buffers, v_buffers, score_buffers, plan.src_slots,
                        plan.src_lens, plan.n_stored, plan.first, sm_scale, plan.dst_slots, plan.k)

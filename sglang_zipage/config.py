@@ -46,7 +46,9 @@ class ZipageConfig:
         "Query window W: the last W decode queries score the cached tokens; "
         "the last W tokens are always kept."))
     async_compaction: bool = field(default=False, metadata=_flag(
-        "Run scoring and compaction on a side CUDA stream, overlapped with decode.",
+        "Run scoring and compaction on a side CUDA stream, overlapped with decode: a request "
+        "starts compacting a few tokens before its limit into spare pages and keeps decoding "
+        "meanwhile (the pool sets aside room for a few budgets for this).",
         flag="--zipage-async"))
     decay: float = field(default=0.8, metadata=_flag(
         "Global-score decay: score = max(current, decay * stored). 0 disables the global score."))
@@ -97,6 +99,13 @@ class ZipageConfig:
         if self.buffer < self.window:
             bad("buffer", f"must be >= --zipage-window ({self.window}) so the query window "
                 f"is filled between compactions, got {self.buffer}")
+        if self.async_compaction and page_size is not None:
+            from sglang_zipage.budget import async_lag
+
+            lag = async_lag(page_size)
+            if self.buffer <= lag:
+                bad("buffer", f"must be > {lag} with --zipage-async and --page-size {page_size} "
+                    f"(a compaction starts {lag} tokens before the limit), got {self.buffer}")
         if page_size is not None and page_size > 1:
             for name in ("kv_budget", "buffer"):
                 v = getattr(self, name)

@@ -74,6 +74,21 @@ def _running_reserve(original, adder, req):
     return reserve
 
 
+def _reserve_shadow_slots(result, adder, *args, **kwargs):
+    adder.rem_total_token_offset += RUNTIME.shadow_reserve()
+
+
+def _count_shadow_slots(result, checker, *args, **kwargs):
+    full, swa = result
+    return full + RUNTIME.shadow_held, swa
+
+
+def _evict_for(batch, num_tokens):
+    from sglang.srt.mem_cache.common import evict_from_tree_cache
+
+    evict_from_tree_cache(batch.tree_cache, num_tokens)
+
+
 def _lift_pool_cap(original, scheduler, req):
     requested = req.sampling_params.max_new_tokens
     original(scheduler, req)
@@ -173,6 +188,11 @@ def _hook_table():
          _retract_compressed_last, "retract uncompressed requests first (L2777)"),
         ("managers.schedule_policy.PrefillAdder._get_running_request_total_token_offset",
          T.AROUND, _running_reserve, "running requests reserve up to the budget only (L559)"),
+        ("managers.schedule_policy.PrefillAdder.__init__", T.AFTER, _reserve_shadow_slots,
+         "admission leaves room for asynchronous compactions' fresh slots (L445)"),
+        ("managers.scheduler_components.invariant_checker.SchedulerInvariantChecker."
+         "_get_total_uncached_sizes", T.AFTER, _count_shadow_slots,
+         "the strict memory checker counts in-flight compactions' fresh slots as held (L224)"),
         ("managers.scheduler.Scheduler.init_req_max_new_tokens", T.AROUND, _lift_pool_cap,
          "no pool-size cap on output length (L2110)"),
         ("mem_cache.memory_pool.ReqToTokenPool.free", T.BEFORE, _release_window,
@@ -239,7 +259,7 @@ def install(config: Optional[ZipageConfig], *, device: Optional[str] = None,
     from sglang.srt.managers import schedule_policy
     from sglang_zipage.runtime import ZipageRuntime
 
-    RUNTIME = ZipageRuntime(config)
+    RUNTIME = ZipageRuntime(config, evict=_evict_for)
     # New requests reserve prompt + budget + buffer, not max_new_tokens (read at call time).
     _STOCK_CLIP = schedule_policy.CLIP_MAX_NEW_TOKENS
     schedule_policy.CLIP_MAX_NEW_TOKENS = config.kv_budget + config.buffer + page_size

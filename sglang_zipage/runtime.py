@@ -16,8 +16,9 @@ from typing import List, Optional
 import torch
 
 from sglang_zipage import request_budget
-from sglang_zipage.budget import Budget, ReqState
-from sglang_zipage.compaction import CompactionItem, CompactionPlan, execute, plan_compaction
+from sglang_zipage.budget import Budget, ReqState, async_lag
+from sglang_zipage.compaction import (CompactionItem, CompactionPlan, commit_shadow, execute,
+                                      plan_compaction)
 from sglang_zipage.config import ZipageConfig
 from sglang_zipage.query_window import QueryWindow
 from sglang_zipage.scoring import ScoringParams
@@ -25,11 +26,32 @@ from sglang_zipage.scoring import ScoringParams
 logger = logging.getLogger("sglang_zipage")
 
 MAX_REQS_PER_LAUNCH = 32  # bounds the scoring scratch ([L, R, Hkv, S] fp32)
+SHADOW_BUDGETS = 8  # asynchronous mode: compactions in flight at once (fresh-slot reserve)
+
+
+@dataclasses.dataclass
+class Shadow:
+    """One request's asynchronous compaction: planned, then launched on the side stream
+    (flush), then committed by the scheduler once done (or awaited at the limit)."""
+
+    plan: CompactionPlan  # one request; dst_slots are the fresh slots
+    snapshot: int  # S: the suffix columns it compacts, [c0, c0 + S)
+    old: torch.Tensor  # [S] their slots, freed at commit
+    done: Optional[torch.cuda.Event] = None  # recorded on the side stream at launch
+    launched: bool = False
+
+    @property
+    def fresh(self) -> torch.Tensor:
+        return self.plan.dst_slots[0]
+
+    def finished(self) -> bool:
+        return self.launched and (self.done is None or self.done.query())
 
 
 class ZipageRuntime:
-    def __init__(self, config: ZipageConfig):
+    def __init__(self, config: ZipageConfig, evict=None):
         self.config = config
+        self.evict = evict  # evict(batch, n): make n slots free from the radix tree (hooks)
         self.params = ScoringParams(
             window=config.window, decay=config.decay, redundancy=config.redundancy,
             redundancy_lambda=config.redundancy_lambda, redundancy_tau=config.redundancy_tau,
@@ -37,12 +59,19 @@ class ZipageRuntime:
         self.budget: Optional[Budget] = None
         self.window: Optional[QueryWindow] = None
         self.pending: List[CompactionPlan] = []
+        self.launches: List[Shadow] = []  # planned shadows, launched at the next flush
+        self.waits: List[Shadow] = []  # committed before done: the next forward waits
+        self.shadow_capacity = 0  # tokens of fresh slots shadows may hold at once
+        self.shadow_held = 0
+        self.side_stream = None
         self._budgets = {}  # per-request kv_budget -> Budget
         self.metrics = None  # ZipageMetrics with --enable-metrics
         self.compressed_running = 0
         self.stats = dict(compactions=0, compaction_batches=0, tokens_evicted=0,
-                          pages_freed=0, compaction_ms=0.0, max_suffix_tokens=0,
-                          window_slot_misses=0)
+                          pages_freed=0, compaction_ms=0.0, compaction_gpu_ms=0.0,
+                          max_suffix_tokens=0, window_slot_misses=0, async_compactions=0,
+                          async_awaited=0, async_fallbacks=0)
+        self._timings = []  # (start, end) CUDA events of compactions not yet summed
 
     # ------------------------------------------------------------ setup
     def attach(self, model_runner) -> None:
@@ -51,8 +80,10 @@ class ZipageRuntime:
         allocator = model_runner.token_to_kv_pool_allocator
         page = allocator.page_size
         cfg = self.config.validate(page_size=page)
-        self.budget = Budget(cfg.kv_budget, cfg.buffer, cfg.window, page)
+        lag = async_lag(page) if cfg.async_compaction else 0
+        self.budget = Budget(cfg.kv_budget, cfg.buffer, cfg.window, page, lag)
         self.page_size = page
+        self.allocator = allocator
         self.device = torch.device(pool.device)
         self.k_buffers, self.v_buffers = pool.k_buffer, pool.v_buffer
         layers, kv_heads, head_dim = len(pool.k_buffer), pool.head_num, pool.head_dim
@@ -71,6 +102,12 @@ class ZipageRuntime:
                                             dtype=torch.float32, device=self.device)
         extra = self.window.nbytes + (self.score_buffer.numel() * 4 if self.score_buffer is not None else 0)
         self.memory_bytes = extra
+        if cfg.async_compaction:
+            # Fresh slots for shadows in flight, set aside from admission (shadow_reserve).
+            n = max(1, min(SHADOW_BUDGETS, model_runner.max_total_num_tokens // (16 * cfg.kv_budget)))
+            self.shadow_capacity = n * cfg.kv_budget
+            if self.device.type == "cuda":
+                self.side_stream = torch.cuda.Stream(device=self.device)
         if self.device.type == "cuda":
             self._warm_up(layers, kv_heads, head_dim, pool.dtype)
         if model_runner.server_args.enable_metrics:
@@ -94,7 +131,7 @@ class ZipageRuntime:
             src_slots=slots, src_lens=torch.tensor([s], device=self.device), dst_slots=slots[:, :k],
             n_stored=torch.tensor([k], device=self.device),
             first=torch.tensor([True], device=self.device))
-        execute(plan, self.params, self.window.ring, scratch(), scratch(),
+        execute(plan, self.params, self.window.gather(plan.window_slots), scratch(), scratch(),
                 scores if self.score_buffer is not None else None, self.sm_scale)
         torch.cuda.synchronize()
 
@@ -142,6 +179,25 @@ class ZipageRuntime:
         """The request gives back its req_pool_idx (finish, abort or retraction)."""
         if self.window is not None and req.req_pool_idx is not None:
             self.window.release(req.req_pool_idx)
+        st = getattr(req, "zipage", None)
+        if st is not None and st.shadow is not None:
+            self._drop_shadow(st.shadow)
+            st.shadow = None
+
+    def _drop_shadow(self, sh: Shadow) -> None:
+        """Its request leaves before the commit: SGLang frees the old columns; the fresh
+        slots are freed here, after the side stream has stopped writing them (a short host
+        wait, only when a request leaves with its compaction in flight)."""
+        if sh in self.launches:
+            self.launches.remove(sh)  # never launched: nothing writes the fresh slots
+        elif sh.done is not None:
+            sh.done.synchronize()
+        self.allocator.free(sh.fresh)
+        self.shadow_held -= sh.fresh.numel()
+
+    def shadow_reserve(self) -> int:
+        """Tokens admission leaves free for shadows not yet in flight."""
+        return max(0, self.shadow_capacity - self.shadow_held)
 
     def on_retract(self, req) -> None:
         """After retraction the request re-prefills its tokens; its suffix starts over."""
@@ -156,7 +212,7 @@ class ZipageRuntime:
 
         Runs in the scheduler before the decode memory check, so the freed pages count.
         """
-        items, rows, compressed = [], [], 0
+        items, rows, compressed, commits = [], [], 0, []
         for i, req in enumerate(batch.reqs):
             budget = self.budget_of(req) if not req.finished() else None
             if budget is None or req.req_pool_idx is None:
@@ -167,27 +223,77 @@ class ZipageRuntime:
             st.max_suffix = max(st.max_suffix, suffix)
             if suffix > self.stats["max_suffix_tokens"]:
                 self.stats["max_suffix_tokens"] = suffix
+            if st.shadow is not None:  # in flight: commit once done, at the latest at the limit
+                if st.shadow.finished() or suffix >= budget.limit:
+                    commits.append((i, suffix))
+                continue
             if st.window_since < 0 and budget.needs_window(suffix):
                 if self.window.assign(req.req_pool_idx):
                     st.window_since = req.decode_batch_idx
                 else:
                     self.stats["window_slot_misses"] += 1
             if budget.needs_compaction(st, suffix, req.decode_batch_idx):
-                items.append(CompactionItem(req.req_pool_idx, st.c0, suffix, st.n_stored,
-                                            st.n_stored == 0,  # first since (re)prefill
-                                            self.window.slot_of(req.req_pool_idx),
-                                            budget.kv_budget))
-                rows.append(i)
+                item = CompactionItem(req.req_pool_idx, st.c0, suffix, st.n_stored,
+                                      st.n_stored == 0,  # first since (re)prefill
+                                      self.window.slot_of(req.req_pool_idx), budget.kv_budget)
+                if budget.lag and suffix < budget.limit:
+                    self._launch_shadow(batch, req, item)  # or retry next step
+                else:
+                    self.stats["async_fallbacks"] += budget.lag > 0
+                    items.append(item)
+                    rows.append(i)
         self.compressed_running = compressed
         if self.metrics is not None:
             self.metrics.compressed_running.set(compressed)
+        updates = [self._commit(batch, i, suffix) for i, suffix in commits]
         if items:
-            self._plan(batch, items, rows)
+            updates += self._plan(batch, items, rows)
+        if updates:
+            self._set_lengths(batch, updates)
 
-    def _plan(self, batch, items, rows) -> None:
+    def _launch_shadow(self, batch, req, item: CompactionItem) -> None:
+        """Plan an asynchronous compaction into fresh slots, if the reserve has room."""
+        k = item.kv_budget
+        snapshot = item.suffix // self.page_size * self.page_size  # whole pages (I2)
+        if self.shadow_held + k > self.shadow_capacity or snapshot <= k:
+            return
+        fresh = self.alloc(batch, k)
+        if fresh is None:
+            return
+        item = dataclasses.replace(item, suffix=snapshot)
+        plan, old = plan_compaction(batch.req_to_token_pool.req_to_token, [item], k,
+                                    self.page_size, fresh=fresh.view(1, k))
+        sh = Shadow(plan, snapshot, old[0])
+        self.shadow_held += k
+        self.launches.append(sh)
+        req.zipage.shadow = sh
+        req.skip_radix_cache_insert = True  # I4 from now on
+        self.stats["async_compactions"] += 1
+
+    def alloc(self, batch, n: int):
+        """n slots from the pool, evicting unused radix-tree pages first as SGLang does."""
+        if self.evict is not None:
+            self.evict(batch, n)
+        return self.allocator.alloc(n)
+
+    def _commit(self, batch, i: int, suffix: int):
+        """Swap a request onto its compacted fresh slots; free its old snapshot."""
+        req = batch.reqs[i]
+        st = req.zipage
+        sh, st.shadow = st.shadow, None
+        if not sh.finished():
+            self.waits.append(sh)  # the next forward waits for it on the GPU
+            self.stats["async_awaited"] += 1
+        k = sh.fresh.numel()
+        commit_shadow(batch.req_to_token_pool.req_to_token, req.req_pool_idx, st.c0,
+                      sh.snapshot, suffix, sh.fresh)
+        self.allocator.free(sh.old[:sh.snapshot])
+        self.shadow_held -= k
+        return self._compacted(req, i, k, sh.snapshot - k)
+
+    def _plan(self, batch, items, rows):
         r2t = batch.req_to_token_pool.req_to_token
         allocator = batch.token_to_kv_pool_allocator
-        seq_lens_cpu = batch.seq_lens_cpu.clone()
         for k in sorted({it.kv_budget for it in items}):  # one launch group per kept count
             same_k = [it for it in items if it.kv_budget == k]
             for start in range(0, len(same_k), MAX_REQS_PER_LAUNCH):
@@ -196,50 +302,113 @@ class ZipageRuntime:
                 allocator.free(surplus)
                 self.pending.append(plan)
                 self.stats["compaction_batches"] += 1
-        for it, i in zip(items, rows):
-            req = batch.reqs[i]
-            st = req.zipage
-            new_len = it.c0 + it.kv_budget
-            evicted = req.kv_committed_len - new_len
-            st.pos_offset += evicted
-            st.n_stored = it.kv_budget
-            st.compactions += 1
-            req.kv_committed_len = new_len
-            req.kv.kv_allocated_len = new_len
-            req.skip_radix_cache_insert = True  # I4
-            seq_lens_cpu[i] = new_len
-            self.stats["compactions"] += 1
-            self.stats["tokens_evicted"] += evicted
-            self.stats["pages_freed"] += evicted // self.page_size
+        return [self._compacted(batch.reqs[i], i, it.kv_budget, it.suffix - it.kv_budget)
+                for it, i in zip(items, rows)]
+
+    def _compacted(self, req, i: int, k: int, evicted: int):
+        """Book a finished compaction of ``evicted`` suffix tokens down to k kept."""
+        st = req.zipage
+        st.pos_offset += evicted
+        st.n_stored = k
+        st.compactions += 1
+        req.kv_committed_len -= evicted
+        req.kv.kv_allocated_len -= evicted
+        req.skip_radix_cache_insert = True  # I4
+        self.stats["compactions"] += 1
+        self.stats["tokens_evicted"] += evicted
+        self.stats["pages_freed"] += evicted // self.page_size
         if self.metrics is not None:
-            evicted = sum(it.suffix - it.kv_budget for it in items)
-            self.metrics.on_plan(len(items), evicted, evicted // self.page_size)
+            self.metrics.on_plan(1, evicted, evicted // self.page_size)
+        return i, req.kv_committed_len
+
+    @staticmethod
+    def _set_lengths(batch, updates) -> None:
         # New tensors, never in-place edits: an in-flight forward may hold the old ones.
+        seq_lens_cpu = batch.seq_lens_cpu.clone()
+        for i, new_len in updates:
+            seq_lens_cpu[i] = new_len
         batch.seq_lens_cpu = seq_lens_cpu
         batch.seq_lens = seq_lens_cpu.to(batch.seq_lens.device, non_blocking=True)
         batch.seq_lens_sum = None
 
     def flush(self) -> None:
-        """Run queued window-table updates and compactions on the current stream (C2)."""
+        """Before a forward, on its stream: window-table updates, in-place compactions
+        (C2), shadow launches on the side stream, then waits for shadows committed early."""
         if self.window is None:
             return
         self.window.flush()
-        if not self.pending:
+        if not (self.pending or self.launches or self.waits):
             return
         t0 = time.perf_counter()
         stream = torch.cuda.current_stream() if self.device.type == "cuda" else None
         sbufs = list(self.score_buffer) if self.score_buffer is not None else None
-        for plan in self.pending:
-            if stream is not None:
-                for t in plan.tensors:
-                    t.record_stream(stream)
-            execute(plan, self.params, self.window.ring, self.k_buffers, self.v_buffers,
-                    sbufs, self.sm_scale)
-        self.pending.clear()
+        if self.pending:
+            span = self._gpu_span_start(stream)
+            for plan in self.pending:
+                self._execute(plan, self.window.gather(plan.window_slots), sbufs, stream)
+            self.pending.clear()
+            self._gpu_span_end(span, stream, t0)
+        for sh in self.launches:
+            self._launch(sh, sbufs, stream)
+        self.launches.clear()
+        for sh in self.waits:
+            if sh.done is not None:
+                stream.wait_event(sh.done)
+        self.waits.clear()
         elapsed = time.perf_counter() - t0
         self.stats["compaction_ms"] += elapsed * 1e3
         if self.metrics is not None:
             self.metrics.compaction_seconds.inc(elapsed)
+
+    def _execute(self, plan, q_window, sbufs, stream) -> None:
+        if stream is not None:
+            for t in (*plan.tensors, q_window):
+                t.record_stream(stream)
+        execute(plan, self.params, q_window, self.k_buffers, self.v_buffers, sbufs, self.sm_scale)
+
+    def _launch(self, sh: Shadow, sbufs, forward_stream) -> None:
+        """Start a shadow compaction. The side stream waits for the forwards issued so far
+        (they wrote the snapshot's last token and query) and reads a copy of the window
+        rows taken now (the next forwards overwrite the ring)."""
+        q_window = self.window.gather(sh.plan.window_slots)  # a copy, on the forward stream
+        if forward_stream is None:  # CPU: runs now, in order
+            t0 = time.perf_counter()
+            self._execute(sh.plan, q_window, sbufs, None)
+            self._gpu_span_end(None, None, t0)
+            sh.launched = True
+            return
+        side = self.side_stream
+        side.wait_stream(forward_stream)
+        with torch.cuda.stream(side):
+            span = self._gpu_span_start(side)
+            self._execute(sh.plan, q_window, sbufs, side)
+            self._gpu_span_end(span, side, 0.0)
+            sh.done = torch.cuda.Event()
+            sh.done.record(side)
+        sh.launched = True
+
+    def _gpu_span_start(self, stream):
+        if stream is None:
+            return None
+        start = torch.cuda.Event(enable_timing=True)
+        start.record(stream)
+        return start
+
+    def _gpu_span_end(self, start, stream, t0) -> None:
+        """Device time of the compaction kernels (summed once the events completed; on
+        CPU the kernels ran synchronously, so wall time is device time)."""
+        if start is None:
+            self.stats["compaction_gpu_ms"] += (time.perf_counter() - t0) * 1e3
+            return
+        end = torch.cuda.Event(enable_timing=True)
+        end.record(stream)
+        self._timings.append((start, end))
+        self._sum_timings()
+
+    def _sum_timings(self) -> None:
+        while self._timings and self._timings[0][1].query():
+            start, end = self._timings.pop(0)
+            self.stats["compaction_gpu_ms"] += start.elapsed_time(end)
 
     # ----------------------------------------------------------- forward
     def position_offsets(self, batch) -> Optional[torch.Tensor]:
@@ -263,6 +432,7 @@ class ZipageRuntime:
 
     # ------------------------------------------------------------ report
     def report(self, running_reqs=()) -> dict:
+        self._sum_timings()
         compressed = sum(1 for r in running_reqs
                          if getattr(r, "zipage", None) is not None and r.zipage.compactions)
         return {"config": dataclasses.asdict(self.config), "active": self.ready,
@@ -270,4 +440,4 @@ class ZipageRuntime:
                 "memory_bytes": getattr(self, "memory_bytes", 0),
                 "running_compressed_requests": compressed,
                 "free_window_slots": self.window.free_slots if self.window else None,
-                **self.stats}
+                "shadow_tokens_held": self.shadow_held, **self.stats}

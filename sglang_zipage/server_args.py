@@ -61,8 +61,6 @@ def incompatibilities(server_args, config: ZipageConfig) -> List[str]:
         (a.kv_cache_dtype not in ("auto", None), f"--kv-cache-dtype {a.kv_cache_dtype} "
          "(scoring reads keys in the model dtype)"),
         (a.enable_torch_compile, "--enable-torch-compile"),
-        (config.async_compaction, "--zipage-async (not implemented yet: compaction runs "
-         "synchronously on the forward stream, with the overlap scheduler and CUDA graphs on)"),
     ]
     bad += [f"{what} is not supported" for cond, what in checks if cond]
     try:

@@ -46,8 +46,15 @@ def test_budget_must_be_page_aligned():
     assert "--zipage-kv-budget" in r.stderr and "--page-size 16" in r.stderr
 
 
-@pytest.mark.parametrize("flag", ["--enable-mixed-chunk", "--zipage-async"])
+@pytest.mark.parametrize("flag", ["--enable-mixed-chunk", "--enable-torch-compile"])
 def test_unsupported_feature_is_refused_with_a_way_out(flag):
     r = _launch(flag)
     assert r.returncode != 0
     assert flag in r.stderr and "--zipage-disable" in r.stderr
+
+
+def test_async_needs_a_buffer_longer_than_its_head_start():
+    r = _launch("--zipage-async", "--page-size", "16", "--zipage-kv-budget", "64",
+                "--zipage-buffer", "16")
+    assert r.returncode != 0
+    assert "--zipage-buffer" in r.stderr and "--zipage-async" in r.stderr

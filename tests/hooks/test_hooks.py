@@ -32,7 +32,7 @@ print("HOOKED", n)
 def test_every_target_resolves_and_is_wrapped():
     r = subprocess.run([sys.executable, "-c", SCRIPT], capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stderr[-3000:]
-    assert "HOOKED 13" in r.stdout
+    assert "HOOKED 15" in r.stdout
 
 
 def test_disabled_config_installs_no_hook():

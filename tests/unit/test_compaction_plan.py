@@ -10,7 +10,7 @@ import torch
 from sglang.srt.mem_cache.allocator.paged import PagedTokenToKVPoolAllocator
 from sglang.srt.mem_cache.allocator.token import TokenToKVPoolAllocator
 from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool, ReqToTokenPool
-from sglang_zipage.compaction import CompactionItem, execute, plan_compaction
+from sglang_zipage.compaction import CompactionItem, commit_shadow, execute, plan_compaction
 from sglang_zipage.scoring import ScoringParams
 
 LAYERS, KV_HEADS, Q_HEADS, DIM, W = 2, 2, 4, 8, 4
@@ -73,7 +73,7 @@ def test_execute_keeps_window_and_leaves_other_slots_untouched(page):
     item = CompactionItem(1, c0, n - c0, 0, True, 1, k)
     plan, _ = plan_compaction(r2t.req_to_token, [item], k, page)
     ring = torch.randn((LAYERS, 3, W, Q_HEADS, DIM), generator=g)
-    execute(plan, ScoringParams(window=W, decay=0.0), ring, pool.k_buffer, pool.v_buffer,
+    execute(plan, ScoringParams(window=W, decay=0.0), ring[:, plan.window_slots], pool.k_buffer, pool.v_buffer,
             None, DIM ** -0.5)
 
     row = r2t.req_to_token[1].long()
@@ -88,3 +88,48 @@ def test_execute_keeps_window_and_leaves_other_slots_untouched(page):
             kept = after[row[c0:c0 + k], h]
             match = (kept[:, None, :] == orig[None, :, h, :]).all(-1).any(1)
             assert match.all()
+
+
+@pytest.mark.parametrize("page", [1, 16])
+def test_shadow_compaction_reads_like_in_place_and_keeps_the_tail(page):
+    """An asynchronous compaction into fresh slots, committed after `tail` more tokens were
+    decoded, leaves the request reading exactly the KV an in-place compaction of the same
+    snapshot gives, followed by the tail; the old snapshot pages are what is freed."""
+    c0, k, tail = (16, 32, 5) if page > 1 else (3, 10, 5)
+    snap = c0 + k + (32 if page > 1 else 7)  # physical length at the snapshot
+    params = ScoringParams(window=W, decay=0.0)
+    runs = {}
+    for mode in ("in_place", "shadow"):
+        pool, alloc, r2t, g = _setup(page, seed=2)
+        _give(alloc, r2t, 1, -(-(snap + tail) // page) * page)
+        _give(alloc, r2t, 2, 2 * page if page > 1 else 9)  # another request
+        ring = torch.randn((LAYERS, 3, W, Q_HEADS, DIM), generator=g)
+        item = CompactionItem(1, c0, snap - c0, 0, True, 1, k)
+        row_before = r2t.req_to_token[1].clone().long()
+        free_before = alloc.available_size()
+        if mode == "in_place":
+            plan, surplus = plan_compaction(r2t.req_to_token, [item], k, page)
+            execute(plan, params, ring[:, plan.window_slots], pool.k_buffer, pool.v_buffer,
+                    None, DIM ** -0.5)
+            # the tail would have been decoded after the compaction, behind the kept tokens
+            tail_src = row_before[snap:snap + tail]
+            alloc.free(surplus)
+            read = torch.cat([row_before[c0:c0 + k], tail_src])
+        else:
+            fresh = alloc.alloc(k)
+            plan, old = plan_compaction(r2t.req_to_token, [item], k, page, fresh=fresh.view(1, k))
+            assert torch.equal(r2t.req_to_token[1].long(), row_before)  # decoding goes on
+            execute(plan, params, ring[:, plan.window_slots], pool.k_buffer, pool.v_buffer,
+                    None, DIM ** -0.5)
+            commit_shadow(r2t.req_to_token, 1, c0, snap - c0, snap - c0 + tail, fresh)
+            alloc.free(old[0, :snap - c0])
+            row = r2t.req_to_token[1].long()
+            assert torch.equal(row[:c0], row_before[:c0])  # I3
+            assert torch.equal(row[c0:c0 + k], fresh.long())
+            assert torch.equal(row[c0 + k:c0 + k + tail], row_before[snap:snap + tail])
+            assert ((row[c0:c0 + k + tail] % page) == (torch.arange(c0, c0 + k + tail) % page)).all()  # I1
+            read = row[c0:c0 + k + tail]
+        assert alloc.available_size() - free_before == snap - c0 - k  # same net pages freed
+        runs[mode] = [b[read] for b in pool.k_buffer + pool.v_buffer]
+    for a, b in zip(runs["in_place"], runs["shadow"]):
+        assert torch.equal(a, b)
