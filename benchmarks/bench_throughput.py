@@ -111,6 +111,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     a("--page-size", type=int, default=1)
     a("--chunked-prefill-size", type=int, default=None)
     a("--disable-cuda-graph", action="store_true")
+    a("--disable-overlap-schedule", action="store_true")
     a("--disable-prefill-cuda-graph", action="store_true",
       help="saves ~45 s of engine start on the H200 (decode graphs stay on)")
     a("--cuda-graph-max-bs", type=int, default=512, help="decode CUDA graphs up to this batch (both engines)")
@@ -244,6 +245,8 @@ def engine_kwargs(args, model_dir: str) -> Dict:
     for name in ("max_running_requests", "chunked_prefill_size"):
         if getattr(args, name) is not None:
             kw[name] = getattr(args, name)
+    if args.disable_overlap_schedule:
+        kw["disable_overlap_schedule"] = True
     if gpu:
         if args.disable_cuda_graph:
             kw["disable_cuda_graph"] = True

@@ -12,6 +12,7 @@ SGLang's strict memory checker on, then checks:
 Dummy weights are identical across engines (SGLang seeds them per parameter).
 
 usage: python3 benchmarks/gpu_check.py --out results.json [--combos triton:1,triton:16,flashinfer:1]
+       [--modes sync,async]   (one stock engine, then one zipage engine per mode)
 """
 
 import argparse
@@ -28,6 +29,7 @@ STRICT = {"SGLANG_ENABLE_STRICT_MEM_CHECK_DURING_BUSY": "1", "SGLANG_CHECK_KV_PA
 
 
 def engine(kind, backend, page, model, budget, buffer, extra):
+    """kind: stock, sync or async."""
     from sglang_zipage import Engine
 
     kw = dict(model_path=model, load_format="dummy", skip_tokenizer_init=True,
@@ -36,7 +38,8 @@ def engine(kind, backend, page, model, budget, buffer, extra):
               disable_prefill_cuda_graph=True, log_level="warning", **extra)
     if kind == "stock":
         return Engine(zipage_enabled=False, **kw)
-    return Engine(zipage_kv_budget=budget, zipage_buffer=buffer, **kw)
+    return Engine(zipage_kv_budget=budget, zipage_buffer=buffer,
+                  zipage_async_compaction=kind == "async", **kw)
 
 
 def gen(eng, ids, n, ignore_eos=True):
@@ -65,12 +68,14 @@ def scenarios(eng, rng_seed=0):
     return res
 
 
-def check(stock, zipage, budget, buffer):
+def check(stock, zipage, budget, buffer, mode="sync"):
     z = zipage["zipage"] or {}
     return {
         "exact": stock["exact"] == zipage["exact"],
         "compress": (z.get("compactions", 0) > 0 and z.get("max_suffix_tokens", 1 << 30) <= budget + buffer
-                     and zipage["compress_lengths"] == [700]),
+                     and zipage["compress_lengths"] == [700]
+                     and (mode == "sync" or z.get("async_compactions", 0) > 0)
+                     and z.get("shadow_tokens_held", 0) == 0),
         "radix": (zipage["radix_output"] == stock["radix_output"]
                   and zipage["radix_cached"] >= 300 and zipage["radix_cached"] >= stock["radix_cached"] - 1),
     }
@@ -84,6 +89,7 @@ def main():
     p.add_argument("--buffer", type=int, default=32)
     p.add_argument("--disable-overlap-schedule", action="store_true")
     p.add_argument("--disable-cuda-graph", action="store_true")
+    p.add_argument("--modes", default="sync", help="zipage modes to check: sync, async or both")
     p.add_argument("--out", required=True)
     a = p.parse_args()
     os.environ.update(STRICT)
@@ -99,27 +105,34 @@ def main():
               "commit": os.environ.get("ZIPAGE_COMMIT", "unknown"),
               "overlap": not a.disable_overlap_schedule, "cuda_graph": not a.disable_cuda_graph,
               "budget": a.budget, "buffer": a.buffer, "matrix": []}
+    modes = [m for m in a.modes.split(",") if m]
     for combo in a.combos.split(","):
         backend, page = combo.split(":")
         page = int(page)
-        row = {"backend": backend, "page_size": page}
+        runs = {}
         try:
-            runs = {}
-            for kind in ("stock", "zipage"):
+            for kind in ("stock", *modes):
                 t0 = time.perf_counter()
                 eng = engine(kind, backend, page, a.model, a.budget, a.buffer, extra)
-                row[f"{kind}_start_s"] = round(time.perf_counter() - t0, 1)
+                start_s = round(time.perf_counter() - t0, 1)
                 try:
                     runs[kind] = scenarios(eng)
+                    runs[kind]["start_s"] = start_s
                 finally:
                     eng.shutdown()
-            row["passed"] = check(runs["stock"], runs["zipage"], a.budget, a.buffer)
-            row["zipage_state"] = runs["zipage"]["zipage"]
-            row["wall_s"] = {k: round(v["compress_wall_s"], 2) for k, v in runs.items()}
         except Exception:
-            row["error"] = traceback.format_exc()[-4000:]
-        report["matrix"].append(row)
-        print("CHECK", json.dumps({k: v for k, v in row.items() if k != "zipage_state"}), flush=True)
+            runs["error"] = traceback.format_exc()[-4000:]
+        for mode in modes:
+            row = {"backend": backend, "page_size": page, "async": mode == "async"}
+            if mode in runs and "stock" in runs:
+                row["passed"] = check(runs["stock"], runs[mode], a.budget, a.buffer, mode)
+                row["zipage_state"] = runs[mode]["zipage"]
+                row["start_s"] = {k: runs[k]["start_s"] for k in ("stock", mode)}
+                row["wall_s"] = {k: round(runs[k]["compress_wall_s"], 2) for k in ("stock", mode)}
+            else:
+                row["error"] = runs.get("error", "engine did not run")
+            report["matrix"].append(row)
+            print("CHECK", json.dumps({k: v for k, v in row.items() if k != "zipage_state"}), flush=True)
         with open(a.out, "w") as f:
             json.dump(report, f, indent=1)
 

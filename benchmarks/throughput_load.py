@@ -104,7 +104,9 @@ async def take_sample(engine, run: LoadRun, zipage: bool) -> Dict:
     if zipage and state is not None:
         s["zipage"] = {k: state.get(k) for k in ("compactions", "compaction_ms", "compaction_gpu_ms", "tokens_evicted",
                                                  "compaction_batches", "running_compressed_requests",
-                                                 "max_suffix_tokens", "window_slot_misses")}
+                                                 "max_suffix_tokens", "window_slot_misses",
+                                                 "async_compactions", "async_awaited",
+                                                 "async_fallbacks")}
     return s
 
 
