@@ -29,23 +29,30 @@ MAX_REQS_PER_LAUNCH = 32  # bounds the scoring scratch ([L, R, Hkv, S] fp32)
 SHADOW_BUDGETS = 8  # asynchronous mode: compactions in flight at once (fresh-slot reserve)
 
 
-@dataclasses.dataclass
-class Shadow:
-    """One request's asynchronous compaction: planned, then launched on the side stream
-    (flush), then committed by the scheduler once done (or awaited at the limit)."""
+@dataclasses.dataclass(eq=False)  # identity: compared in lists
+class ShadowLaunch:
+    """Asynchronous compactions planned in one scheduler step (same k): one plan whose
+    dst_slots are fresh slots, launched on the side stream at the next flush."""
 
-    plan: CompactionPlan  # one request; dst_slots are the fresh slots
-    snapshot: int  # S: the suffix columns it compacts, [c0, c0 + S)
-    old: torch.Tensor  # [S] their slots, freed at commit
+    plan: CompactionPlan
+    live: int  # rows whose request is still there
     done: Optional[torch.cuda.Event] = None  # recorded on the side stream at launch
     launched: bool = False
 
-    @property
-    def fresh(self) -> torch.Tensor:
-        return self.plan.dst_slots[0]
-
     def finished(self) -> bool:
         return self.launched and (self.done is None or self.done.query())
+
+
+@dataclasses.dataclass(eq=False)
+class Shadow:
+    """One request's part of a ShadowLaunch; committed by the scheduler once the launch
+    is done (or awaited at the limit)."""
+
+    launch: ShadowLaunch
+    row: int
+    snapshot: int  # S: the suffix columns it compacts, [c0, c0 + S)
+    old: torch.Tensor  # [S] their slots, freed at commit
+    fresh: torch.Tensor  # [k] where the kept tokens go
 
 
 class ZipageRuntime:
@@ -185,13 +192,19 @@ class ZipageRuntime:
             st.shadow = None
 
     def _drop_shadow(self, sh: Shadow) -> None:
-        """Its request leaves before the commit: SGLang frees the old columns; the fresh
-        slots are freed here, after the side stream has stopped writing them (a short host
-        wait, only when a request leaves with its compaction in flight)."""
-        if sh in self.launches:
-            self.launches.remove(sh)  # never launched: nothing writes the fresh slots
-        elif sh.done is not None:
-            sh.done.synchronize()
+        """Its request leaves before the commit; SGLang frees the old columns. Not launched
+        yet: its row now writes to slot 0 (SGLang's padding slot) and the fresh slots are
+        free at once. Launched: a short host wait until the side stream is done with them
+        (only when a request leaves with its compaction in flight)."""
+        launch = sh.launch
+        launch.live -= 1
+        if not launch.launched:
+            if launch.live == 0:
+                self.launches.remove(launch)
+            else:
+                launch.plan.dst_slots[sh.row].zero_()
+        elif launch.done is not None:
+            launch.done.synchronize()
         self.allocator.free(sh.fresh)
         self.shadow_held -= sh.fresh.numel()
 
@@ -212,7 +225,8 @@ class ZipageRuntime:
 
         Runs in the scheduler before the decode memory check, so the freed pages count.
         """
-        items, rows, compressed, commits = [], [], 0, []
+        items, rows, compressed, commits, shadows = [], [], 0, [], []
+        room = self.shadow_capacity - self.shadow_held
         for i, req in enumerate(batch.reqs):
             budget = self.budget_of(req) if not req.finished() else None
             if budget is None or req.req_pool_idx is None:
@@ -224,7 +238,7 @@ class ZipageRuntime:
             if suffix > self.stats["max_suffix_tokens"]:
                 self.stats["max_suffix_tokens"] = suffix
             if st.shadow is not None:  # in flight: commit once done, at the latest at the limit
-                if st.shadow.finished() or suffix >= budget.limit:
+                if st.shadow.launch.finished() or suffix >= budget.limit:
                     commits.append((i, suffix))
                 continue
             if st.window_since < 0 and budget.needs_window(suffix):
@@ -237,7 +251,9 @@ class ZipageRuntime:
                                       st.n_stored == 0,  # first since (re)prefill
                                       self.window.slot_of(req.req_pool_idx), budget.kv_budget)
                 if budget.lag and suffix < budget.limit:
-                    self._launch_shadow(batch, req, item)  # or retry next step
+                    if room >= item.kv_budget:  # else it retries at its next step
+                        shadows.append((req, item))
+                        room -= item.kv_budget
                 else:
                     self.stats["async_fallbacks"] += budget.lag > 0
                     items.append(item)
@@ -246,29 +262,34 @@ class ZipageRuntime:
         if self.metrics is not None:
             self.metrics.compressed_running.set(compressed)
         updates = [self._commit(batch, i, suffix) for i, suffix in commits]
+        if shadows:
+            self._plan_shadows(batch, shadows)
         if items:
             updates += self._plan(batch, items, rows)
         if updates:
             self._set_lengths(batch, updates)
 
-    def _launch_shadow(self, batch, req, item: CompactionItem) -> None:
-        """Plan an asynchronous compaction into fresh slots, if the reserve has room."""
-        k = item.kv_budget
-        snapshot = item.suffix // self.page_size * self.page_size  # whole pages (I2)
-        if self.shadow_held + k > self.shadow_capacity or snapshot <= k:
-            return
-        fresh = self.alloc(batch, k)
-        if fresh is None:
-            return
-        item = dataclasses.replace(item, suffix=snapshot)
-        plan, old = plan_compaction(batch.req_to_token_pool.req_to_token, [item], k,
-                                    self.page_size, fresh=fresh.view(1, k))
-        sh = Shadow(plan, snapshot, old[0])
-        self.shadow_held += k
-        self.launches.append(sh)
-        req.zipage.shadow = sh
-        req.skip_radix_cache_insert = True  # I4 from now on
-        self.stats["async_compactions"] += 1
+    def _plan_shadows(self, batch, shadows) -> None:
+        """Plan asynchronous compactions into fresh slots, one launch per kept count."""
+        r2t = batch.req_to_token_pool.req_to_token
+        for k in sorted({it.kv_budget for _, it in shadows}):
+            group = [(req, dataclasses.replace(it, suffix=it.suffix // self.page_size * self.page_size))
+                     for req, it in shadows if it.kv_budget == k]  # whole pages (I2)
+            group = [(req, it) for req, it in group if it.suffix > k][:MAX_REQS_PER_LAUNCH]
+            fresh = self.alloc(batch, k * len(group)) if group else None
+            if fresh is None:
+                continue  # no room now: they retry at their next step
+            fresh = fresh.view(len(group), k)
+            plan, old = plan_compaction(r2t, [it for _, it in group], k, self.page_size, fresh=fresh)
+            launch = ShadowLaunch(plan, live=len(group))
+            self.launches.append(launch)
+            for row, (req, it) in enumerate(group):
+                req.zipage.shadow = Shadow(launch, row, it.suffix, old[row, :it.suffix],
+                                           fresh[row].clone())  # dst rows may be zeroed
+                req.skip_radix_cache_insert = True  # I4 from now on
+            self.shadow_held += k * len(group)
+            self.stats["async_compactions"] += len(group)
+            self.stats["compaction_batches"] += 1
 
     def alloc(self, batch, n: int):
         """n slots from the pool, evicting unused radix-tree pages first as SGLang does."""
@@ -281,13 +302,15 @@ class ZipageRuntime:
         req = batch.reqs[i]
         st = req.zipage
         sh, st.shadow = st.shadow, None
-        if not sh.finished():
-            self.waits.append(sh)  # the next forward waits for it on the GPU
+        sh.launch.live -= 1
+        if not sh.launch.finished():
+            if sh.launch not in self.waits:
+                self.waits.append(sh.launch)  # the next forward waits for it on the GPU
             self.stats["async_awaited"] += 1
         k = sh.fresh.numel()
         commit_shadow(batch.req_to_token_pool.req_to_token, req.req_pool_idx, st.c0,
                       sh.snapshot, suffix, sh.fresh)
-        self.allocator.free(sh.old[:sh.snapshot])
+        self.allocator.free(sh.old)
         self.shadow_held -= k
         return self._compacted(req, i, k, sh.snapshot - k)
 
@@ -348,12 +371,12 @@ class ZipageRuntime:
                 self._execute(plan, self.window.gather(plan.window_slots), sbufs, stream)
             self.pending.clear()
             self._gpu_span_end(span, stream, t0)
-        for sh in self.launches:
-            self._launch(sh, sbufs, stream)
+        for launch in self.launches:
+            self._launch(launch, sbufs, stream)
         self.launches.clear()
-        for sh in self.waits:
-            if sh.done is not None:
-                stream.wait_event(sh.done)
+        for launch in self.waits:
+            if launch.done is not None:
+                stream.wait_event(launch.done)
         self.waits.clear()
         elapsed = time.perf_counter() - t0
         self.stats["compaction_ms"] += elapsed * 1e3
@@ -366,26 +389,27 @@ class ZipageRuntime:
                 t.record_stream(stream)
         execute(plan, self.params, q_window, self.k_buffers, self.v_buffers, sbufs, self.sm_scale)
 
-    def _launch(self, sh: Shadow, sbufs, forward_stream) -> None:
-        """Start a shadow compaction. The side stream waits for the forwards issued so far
-        (they wrote the snapshot's last token and query) and reads a copy of the window
-        rows taken now (the next forwards overwrite the ring)."""
-        q_window = self.window.gather(sh.plan.window_slots)  # a copy, on the forward stream
+    def _launch(self, launch: ShadowLaunch, sbufs, forward_stream) -> None:
+        """Start asynchronous compactions. The side stream waits for the forwards issued so
+        far (they wrote the snapshots' last tokens and queries) and reads a copy of the
+        window rows taken now (the next forwards overwrite the ring)."""
+        plan = launch.plan
+        q_window = self.window.gather(plan.window_slots)  # a copy, on the forward stream
         if forward_stream is None:  # CPU: runs now, in order
             t0 = time.perf_counter()
-            self._execute(sh.plan, q_window, sbufs, None)
+            self._execute(plan, q_window, sbufs, None)
             self._gpu_span_end(None, None, t0)
-            sh.launched = True
+            launch.launched = True
             return
         side = self.side_stream
         side.wait_stream(forward_stream)
         with torch.cuda.stream(side):
             span = self._gpu_span_start(side)
-            self._execute(sh.plan, q_window, sbufs, side)
+            self._execute(plan, q_window, sbufs, side)
             self._gpu_span_end(span, side, 0.0)
-            sh.done = torch.cuda.Event()
-            sh.done.record(side)
-        sh.launched = True
+            launch.done = torch.cuda.Event()
+            launch.done.record(side)
+        launch.launched = True
 
     def _gpu_span_start(self, stream):
         if stream is None:
