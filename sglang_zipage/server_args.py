@@ -2,7 +2,10 @@
 
 Defaults apply only to flags the user did not give; every one can be overridden.
 - No --model-path: the bundled SmolLM2-135M-Instruct (model.py).
-- No GPU: SGLang's CPU path with the settings measured in cpu-notes.md.
+- No GPU: SGLang's CPU path with the settings measured in cpu-notes.md, and the outlines
+  grammar backend: SGLang's default (xgrammar) allocates its token bitmask with CUDA, so one
+  regex/JSON-constrained request kills a CPU scheduler (0.5.17, xgrammar_backend.py L64);
+  llguidance runs on CPU but misreads the bundled tokenizer's byte-level spaces.
 - Zipage on a GPU: an attention backend our compression supports (flashinfer).
 With --zipage-disable only the CPU and model defaults apply: stock SGLang behaviour.
 """
@@ -16,7 +19,7 @@ from sglang_zipage.config import ZipageConfig
 
 SUPPORTED_BACKENDS = ("flashinfer", "triton", "torch_native")
 CPU_DEFAULTS = {"device": "cpu", "attention_backend": "torch_native",
-                "max_total_tokens": 8192, "sleep_on_idle": True}
+                "max_total_tokens": 8192, "sleep_on_idle": True, "grammar_backend": "outlines"}
 
 
 def default_overrides(given: Dict, config: ZipageConfig, *, has_cuda: bool) -> Dict:

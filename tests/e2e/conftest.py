@@ -20,8 +20,10 @@ def _server(tmp_path_factory, name, args):
 
 @pytest.fixture(scope="session")
 def zipage_server(tmp_path_factory):
-    """Compression on with a small budget (64 + buffer 16), so it compresses often."""
-    yield from _server(tmp_path_factory, "zipage", [*SMALL_BUDGET, "--enable-metrics"])
+    """Compression on with a small budget (64 + buffer 16), so it compresses often; OpenAI
+    usage reports cached prompt tokens (--enable-cache-report)."""
+    yield from _server(tmp_path_factory, "zipage",
+                       [*SMALL_BUDGET, "--enable-metrics", "--enable-cache-report"])
 
 
 @pytest.fixture(scope="session")

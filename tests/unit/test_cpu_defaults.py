@@ -1,0 +1,16 @@
+"""CPU defaults of the launcher: only flags the user did not give, grammar backend included."""
+
+from sglang_zipage.config import ZipageConfig
+from sglang_zipage.server_args import default_overrides
+
+
+def test_cpu_path_uses_a_grammar_backend_that_runs_on_cpu():
+    out = default_overrides({"model_path": "m"}, ZipageConfig(), has_cuda=False)
+    assert out["device"] == "cpu" and out["grammar_backend"] == "outlines"
+
+
+def test_given_grammar_backend_and_gpu_keep_sglang_choice():
+    given = {"model_path": "m", "grammar_backend": "xgrammar"}
+    assert "grammar_backend" not in default_overrides(given, ZipageConfig(), has_cuda=False)
+    assert "grammar_backend" not in default_overrides({"model_path": "m"}, ZipageConfig(),
+                                                      has_cuda=True)
