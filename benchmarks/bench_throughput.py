@@ -33,12 +33,13 @@ CPU check (2-layer Qwen3 written to a temp folder; about 3 minutes):
   .venv/bin/python benchmarks/bench_throughput.py --tiny --load steady --num-requests 8 \
       --input-len 32 --output-len 2000 --zipage-kv-budget 64 --zipage-buffer 16 \
       --window-start-s 10 --window-end-s 30 --out /tmp/tp.json --png /tmp/tp.png
-H200, both engines in one 600 s device call (about 530 s; --call-budget-s cuts the last
-load short rather than lose the JSON):
-  source .devbundle/install.sh && python3 benchmarks/bench_throughput.py --load steady \
-      --disable-prefill-cuda-graph --window-start-s 90 --window-end-s 170 \
-      --call-budget-s 570 --commit SHA --out $OUT/steady16k.json
-One engine per call (--engines stock, then --engines zipage), then:
+H200 with two GPUs (nvidia-h200-x2), both engines at the same time, one per GPU, one call
+(this produced benchmarks/results/throughput-h200.json):
+  source .devbundle/install.sh && python3 benchmarks/bench_throughput.py --parallel \
+      --load steady --disable-prefill-cuda-graph --window-start-s 150 --window-end-s 330 \
+      --call-budget-s 540 --commit SHA --out $OUT/throughput-h200.json
+One GPU: drop --parallel (stock, then zipage, in one process), or one engine per call
+(--engines stock, then --engines zipage) and
   python benchmarks/bench_throughput.py --merge stock.json zipage.json --out both.json
 """
 

@@ -52,16 +52,47 @@ def run(args, rest) -> None:
     sys.path.insert(0, HERE)
     import bench_throughput
 
-    os.makedirs(args.dir, exist_ok=True)
+    os.makedirs(args.dir[0], exist_ok=True)
     for name in args.configs.split(","):
-        out = os.path.join(args.dir, f"{name}.json")
+        out = os.path.join(args.dir[0], f"{name}.json")
         print(f"[composability] {name}", flush=True)
         bench_throughput.main([*rest, *flags(name), "--out", out])
 
 
 def merge(args) -> None:
+    tables = [_configs(d) for d in args.dir]
+    configs = tables[0]
+    matrix, gpu, commit = [], None, None
+    for path in args.matrix:
+        doc = json.load(open(path))
+        gpu, commit = doc.get("gpu", gpu), doc.get("commit", commit)
+        for row in doc["matrix"]:
+            for scenario in ("exact", "compress", "radix"):
+                matrix.append({"scenario": scenario, "backend": row["backend"],
+                               "page_size": row["page_size"], "async": row.get("async", False),
+                               "overlap": doc.get("overlap"), "cuda_graph": doc.get("cuda_graph"),
+                               "passed": bool((row.get("passed") or {}).get(scenario)),
+                               "commit": doc.get("commit"), "source": os.path.basename(path),
+                               **({"error": row["error"][-500:]} if "error" in row else {})})
+    best = max((c for c in configs if c["output_tok_s"]), key=lambda c: c["output_tok_s"], default=None)
+    res = {"configs": configs, "configs_other": [c for t in tables[1:] for c in t],
+           "matrix": matrix, "fastest": best and best["config"],
+           "gpu": gpu, "commit": args.commit or commit, "command": args.command,
+           "notes": {"compaction_share": "GPU time of scoring + compaction kernels (CUDA events "
+                     "on their stream) / window wall time; in async mode they overlap decode",
+                     "async_awaited_share": "async compactions the next forward had to wait "
+                     "for at the limit (not finished in time) / async compactions"}}
+    with open(args.out, "w") as f:
+        json.dump(res, f, indent=1)
+    for c in configs:
+        print("CONFIG", json.dumps({k: c[k] for k in ("config", "output_tok_s", "compaction_share",
+                                                      "async_awaited_share", "error")}))
+    print("MATRIX passed", sum(r["passed"] for r in matrix), "of", len(matrix))
+
+
+def _configs(folder):
     configs = []
-    for path in sorted(glob.glob(os.path.join(args.dir, "*.json"))):
+    for path in sorted(glob.glob(os.path.join(folder, "*.json"))):
         name = os.path.splitext(os.path.basename(path))[0]
         if name not in CONFIGS:
             continue
@@ -77,31 +108,9 @@ def merge(args) -> None:
                         "p50_tpot_ms": z.get("p50_tpot_ms"), "p99_tpot_ms": z.get("p99_tpot_ms"),
                         "async_awaited_share": _awaited_share(z),
                         "error": (doc.get("engines", {}).get("zipage") or {}).get("error"),
-                        "command": doc.get("command"), "load": load.get("spec")})
-    matrix, gpu, commit = [], None, None
-    for path in args.matrix:
-        doc = json.load(open(path))
-        gpu, commit = doc.get("gpu", gpu), doc.get("commit", commit)
-        for row in doc["matrix"]:
-            for scenario in ("exact", "compress", "radix"):
-                matrix.append({"scenario": scenario, "backend": row["backend"],
-                               "page_size": row["page_size"], "async": row.get("async", False),
-                               "overlap": doc.get("overlap"), "cuda_graph": doc.get("cuda_graph"),
-                               "passed": bool((row.get("passed") or {}).get(scenario)),
-                               **({"error": row["error"][-500:]} if "error" in row else {})})
-    best = max((c for c in configs if c["output_tok_s"]), key=lambda c: c["output_tok_s"], default=None)
-    res = {"configs": configs, "matrix": matrix, "fastest": best and best["config"],
-           "gpu": gpu, "commit": args.commit or commit, "command": args.command,
-           "notes": {"compaction_share": "GPU time of scoring + compaction kernels (CUDA events "
-                     "on their stream) / window wall time; in async mode they overlap decode",
-                     "async_awaited_share": "async compactions the next forward had to wait "
-                     "for at the limit (not finished in time) / async compactions"}}
-    with open(args.out, "w") as f:
-        json.dump(res, f, indent=1)
-    for c in configs:
-        print("CONFIG", json.dumps({k: c[k] for k in ("config", "output_tok_s", "compaction_share",
-                                                      "async_awaited_share", "error")}))
-    print("MATRIX passed", sum(r["passed"] for r in matrix), "of", len(matrix))
+                        "command": doc.get("command"), "load": load.get("spec"),
+                        "commit": doc.get("commit")})
+    return configs
 
 
 def _awaited_share(z):
@@ -119,7 +128,9 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("mode", choices=("run", "merge"))
     p.add_argument("--configs", default="async,sync,async-nooverlap,async-nograph")
-    p.add_argument("--dir", required=True, help="per-configuration JSONs")
+    p.add_argument("--dir", required=True, nargs="+", help="per-configuration JSONs (merge: "
+                   "several folders; the first holds the main table, later ones go to "
+                   "configs_other)")
     p.add_argument("--matrix", nargs="*", default=[], help="gpu_check.py JSONs (merge)")
     p.add_argument("--commit", default=None)
     p.add_argument("--command", default=None, help="the command line(s) to record (merge)")

@@ -50,7 +50,7 @@ def title_of(entry: Dict) -> str:
     if entry.get("ratio"):
         parts.append(f"x{entry['ratio']:.2f}")
     if entry.get("compaction_share") is not None:
-        parts.append(f"compaction CPU share {100 * entry['compaction_share']:.1f}%")
+        parts.append(f"compaction GPU share {100 * entry['compaction_share']:.1f}%")
     return head + "\n" + ", ".join(parts)
 
 
