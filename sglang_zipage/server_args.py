@@ -6,7 +6,9 @@ Defaults apply only to flags the user did not give; every one can be overridden.
   grammar backend: SGLang's default (xgrammar) allocates its token bitmask with CUDA, so one
   regex/JSON-constrained request kills a CPU scheduler (0.5.17, xgrammar_backend.py L64);
   llguidance runs on CPU but misreads the bundled tokenizer's byte-level spaces.
-- Zipage on a GPU: an attention backend our compression supports (flashinfer).
+- Zipage on a GPU: an attention backend our compression supports (flashinfer), and decode
+  CUDA graphs up to batch 512 (SGLang captures up to 256 on an H200; a budget lets more
+  requests run than that, and past the largest graph decode runs eagerly).
 With --zipage-disable only the CPU and model defaults apply: stock SGLang behaviour.
 """
 
@@ -18,6 +20,7 @@ from typing import Dict, List
 from sglang_zipage.config import ZipageConfig
 
 SUPPORTED_BACKENDS = ("flashinfer", "triton", "torch_native")
+GPU_GRAPH_MAX_BS = 512
 CPU_DEFAULTS = {"device": "cpu", "attention_backend": "torch_native",
                 "max_total_tokens": 8192, "sleep_on_idle": True, "grammar_backend": "outlines"}
 
@@ -34,8 +37,11 @@ def default_overrides(given: Dict, config: ZipageConfig, *, has_cuda: bool) -> D
     on_cpu = given["device"] == "cpu" if "device" in given else not has_cuda
     if on_cpu:
         out.update({k: v for k, v in CPU_DEFAULTS.items() if k not in given})
-    elif config.enabled and "attention_backend" not in given:
-        out["attention_backend"] = "flashinfer"
+    elif config.enabled:
+        if "attention_backend" not in given:
+            out["attention_backend"] = "flashinfer"
+        if not {"cuda_graph_max_bs_decode", "cuda_graph_bs_decode"} & set(given):
+            out["cuda_graph_max_bs_decode"] = GPU_GRAPH_MAX_BS
     return out
 
 

@@ -14,3 +14,12 @@ def test_given_grammar_backend_and_gpu_keep_sglang_choice():
     assert "grammar_backend" not in default_overrides(given, ZipageConfig(), has_cuda=False)
     assert "grammar_backend" not in default_overrides({"model_path": "m"}, ZipageConfig(),
                                                       has_cuda=True)
+
+
+def test_gpu_decode_graphs_cover_the_larger_batches_a_budget_allows():
+    out = default_overrides({"model_path": "m"}, ZipageConfig(), has_cuda=True)
+    assert out["cuda_graph_max_bs_decode"] == 512 and out["attention_backend"] == "flashinfer"
+    given = {"model_path": "m", "cuda_graph_max_bs_decode": 64}
+    assert "cuda_graph_max_bs_decode" not in default_overrides(given, ZipageConfig(), has_cuda=True)
+    off = ZipageConfig(enabled=False)
+    assert "cuda_graph_max_bs_decode" not in default_overrides({"model_path": "m"}, off, has_cuda=True)
