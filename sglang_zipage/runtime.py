@@ -66,8 +66,8 @@ class ZipageRuntime:
         self.budget: Optional[Budget] = None
         self.window: Optional[QueryWindow] = None
         self.pending: List[CompactionPlan] = []
-        self.launches: List[Shadow] = []  # planned shadows, launched at the next flush
-        self.waits: List[Shadow] = []  # committed before done: the next forward waits
+        self.launches: List[ShadowLaunch] = []  # planned, launched at the next flush
+        self.waits: List[ShadowLaunch] = []  # committed before done: the next forward waits
         self.shadow_capacity = 0  # tokens of fresh slots shadows may hold at once
         self.shadow_held = 0
         self.side_stream = None
