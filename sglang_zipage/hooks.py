@@ -196,7 +196,8 @@ def _hook_table():
         ("managers.scheduler.Scheduler.init_req_max_new_tokens", T.AROUND, _lift_pool_cap,
          "no pool-size cap on output length (L2110)"),
         ("mem_cache.memory_pool.ReqToTokenPool.free", T.BEFORE, _release_window,
-         "a leaving request gives back its query-window slot (L319)"),
+         "a leaving request gives back its query-window slot and an in-flight "
+         "asynchronous compaction's fresh slots (L319)"),
         ("managers.schedule_batch.Req.reset_for_retract", T.AFTER, _reset_on_retract,
          "a retracted request re-prefills; its suffix starts over (L1603)"),
         ("managers.scheduler.Scheduler.get_internal_state", T.AFTER, _report_state,
