@@ -104,7 +104,7 @@ def server_facts(url: str) -> dict:
     facts = dict(page_size=info.get("page_size") or 1,
                  incremental=bool(info.get("incremental_streaming_output")),
                  skip_tokenizer_init=bool(info.get("skip_tokenizer_init")),
-                 context_len=state.get("context_len") or info.get("context_length"),
+                 context_len=get_json(url, "/v1/models")["data"][0].get("max_model_len"),
                  zipage=z is not None and bool(z.get("active")))
     if facts["zipage"]:
         cfg = z["config"]
