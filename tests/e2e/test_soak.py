@@ -62,6 +62,19 @@ def test_soak_with_client_aborts_leaves_nothing_behind(soak_server, tmp_path):
     assert_healthy(soak_server)
 
 
+@pytest.mark.parametrize("budget, ok", [(72, False), (8, False), (32, True)])
+def test_request_budget_must_be_page_aligned_on_a_paged_server(soak_server, budget, ok):
+    """Page 16: 72 is not a multiple of it, 8 is below the window; 32 is accepted."""
+    body = {"input_ids": list(range(300, 320)),
+            "sampling_params": {"max_new_tokens": 4, "ignore_eos": True, "zipage_kv_budget": budget}}
+    r = requests.post(soak_server.url + "/generate", json=body, timeout=600)
+    if ok:
+        assert r.status_code == 200 and r.json()["meta_info"]["completion_tokens"] == 4
+    else:
+        assert r.status_code == 400
+        assert "zipage_kv_budget" in r.text and "page size 16" in r.text
+
+
 def test_sigterm_with_compactions_running_drains_then_stops_the_whole_tree(soak_server):
     """Clients stream outputs that compress; once compactions are under way the server gets
     SIGTERM. SGLang drains on SIGTERM (no new work, in-flight requests finish: 0.5.17
