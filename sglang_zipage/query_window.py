@@ -41,6 +41,10 @@ class QueryWindow:
         return self.ring.numel() * self.ring.element_size() + self.slot_of_rpi.numel() * 8
 
     @property
+    def num_slots(self) -> int:
+        return self.ring.shape[1] - 1  # row 0 is the dump row
+
+    @property
     def free_slots(self) -> int:
         return len(self._free)
 

@@ -464,4 +464,5 @@ class ZipageRuntime:
                 "memory_bytes": getattr(self, "memory_bytes", 0),
                 "running_compressed_requests": compressed,
                 "free_window_slots": self.window.free_slots if self.window else None,
+                "window_slots": self.window.num_slots if self.window else None,
                 "shadow_tokens_held": self.shadow_held, **self.stats}

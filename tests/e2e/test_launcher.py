@@ -58,3 +58,14 @@ def test_async_needs_a_buffer_longer_than_its_head_start():
                 "--zipage-buffer", "16")
     assert r.returncode != 0
     assert "--zipage-buffer" in r.stderr and "--zipage-async" in r.stderr
+
+
+def test_every_refusal_is_named_in_one_message():
+    """Several problems at once (buffer not page aligned, hierarchical cache, quantized KV
+    cache): the launcher names each of them, not only the first."""
+    r = _launch("--page-size", "16", "--zipage-buffer", "40", "--enable-hierarchical-cache",
+                "--kv-cache-dtype", "fp8_e5m2")
+    assert r.returncode != 0
+    for part in ("--zipage-buffer", "--page-size 16", "--enable-hierarchical-cache",
+                 "--kv-cache-dtype", "--zipage-disable"):
+        assert part in r.stderr, r.stderr[-2000:]

@@ -1,0 +1,432 @@
+#!/usr/bin/env python3
+"""Soak a running server with mixed requests and client aborts, then look for leaks (issue 7).
+
+Sends --num-requests requests to ``URL/generate`` (SGLang's native API), at most
+--concurrency at a time, drawn from a seeded mix:
+  - output length: short (--short-len) or long (--long-len, several compactions); every
+    request uses ignore_eos, so a completed one must have exactly max_new_tokens tokens
+  - prompt: one of a few shared-prefix prompts (radix hits) or a unique one, some of them
+    longer than a prefill chunk
+  - budget: the server's default, a small ``zipage_kv_budget`` or 0 (compression off)
+  - streaming or not; some streaming requests are dropped by the client (the connection
+    is closed) after a random number of output tokens, half of them close to the
+    request's first compaction point
+Prompts are text, or token ids with --input-ids (servers run with --skip-tokenizer-init,
+any vocabulary: ids are drawn from [100, --vocab-size - 100)).
+
+Then it waits until the server is idle and records leak evidence:
+  - ``/v1/loads``: KV token slots neither free nor evictable from the radix tree
+    (``num_used_tokens``), which is 0 on an idle server
+  - ``/server_info`` internal_states[0]["zipage"]: ``shadow_tokens_held`` (fresh slots of
+    asynchronous compactions), ``running_compressed_requests``, window slots not returned
+  - ``/health``: run the server with SGLang's strict memory checker
+    (SGLANG_ENABLE_STRICT_MEM_CHECK_DURING_BUSY=1 SGLANG_CHECK_KV_PAGE_INVARIANTS=1
+    SGLANG_DEBUG_MEMORY_POOL=1): a leak or bad page found by it kills the scheduler
+``leaked_slots`` = KV token slots used at idle + shadow tokens held + window slots held.
+``errors`` counts non-200 answers, broken streams and malformed or incomplete responses
+(wrong completion_tokens, empty output, missing meta_info keys, a compressed request
+holding more KV than prompt + budget + buffer). The JSON goes to --out (and stdout).
+
+  python benchmarks/soak.py --url http://127.0.0.1:30000 --num-requests 300 \
+      --concurrency 8 --seed 0 --out /tmp/soak.json
+Works against any SGLang server: without zipage (stock) the zipage checks are skipped.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import shlex
+import sys
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, dataclass, field
+from typing import List, Optional
+
+import requests
+
+META_KEYS = ("prompt_tokens", "completion_tokens", "finish_reason")
+ZIPAGE_META_KEYS = ("zipage_compactions", "zipage_kv_len")
+WORDS = ("river stone light garden paper window music winter market bridge forest number "
+         "engine silver letter mountain question cloud harbor lantern orchard signal "
+         "village copper morning ladder").split()
+ASYNC_LAG_TOKENS = 8  # sglang_zipage.budget: an asynchronous compaction starts this early
+
+
+@dataclass
+class Job:
+    index: int
+    prompt: object  # str or List[int]
+    prompt_kind: str  # shared / unique / long
+    max_new_tokens: int
+    budget: Optional[int]  # None: server default
+    stream: bool
+    abort_after: Optional[int]  # output tokens after which the client drops the stream
+    near_compaction: bool = False
+
+
+@dataclass
+class Outcome:
+    index: int
+    status: str  # completed / aborted / error
+    detail: str = ""
+    compactions: Optional[int] = None
+    tokens: int = 0
+
+
+@dataclass
+class Tally:
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    outcomes: List[Outcome] = field(default_factory=list)
+
+    def add(self, o: Outcome) -> None:
+        with self.lock:
+            self.outcomes.append(o)
+
+
+def ceil_to(n: int, page: int) -> int:
+    return -(-n // page) * page
+
+
+# ------------------------------------------------------------------ server facts
+def get_json(url: str, path: str, timeout: float = 60):
+    r = requests.get(url + path, timeout=timeout)
+    r.raise_for_status()
+    return r.json()
+
+
+def server_facts(url: str) -> dict:
+    info = get_json(url, "/server_info")
+    state = info["internal_states"][0]
+    z = state.get("zipage")
+    facts = dict(page_size=info.get("page_size") or 1,
+                 incremental=bool(info.get("incremental_streaming_output")),
+                 skip_tokenizer_init=bool(info.get("skip_tokenizer_init")),
+                 context_len=get_json(url, "/v1/models")["data"][0].get("max_model_len"),
+                 zipage=z is not None and bool(z.get("active")))
+    if facts["zipage"]:
+        cfg = z["config"]
+        facts.update(kv_budget=cfg["kv_budget"], buffer=cfg["buffer"], window=cfg["window"],
+                     sink=cfg["sink"], async_compaction=bool(cfg.get("async_compaction")))
+    return facts
+
+
+def load_snapshot(url: str) -> dict:
+    loads = get_json(url, "/v1/loads?include=core")["loads"]
+    keys = ("num_running_reqs", "num_waiting_reqs", "num_used_tokens", "max_total_num_tokens")
+    return {k: sum(l.get(k) or 0 for l in loads) for k in keys}
+
+
+def zipage_state(url: str) -> Optional[dict]:
+    return get_json(url, "/server_info")["internal_states"][0].get("zipage")
+
+
+# ------------------------------------------------------------------ the workload
+class Workload:
+    def __init__(self, args, facts: dict):
+        self.args, self.facts = args, facts
+        self.rng = random.Random(args.seed)
+        page = facts["page_size"]
+        if facts["zipage"]:
+            least = ceil_to(facts["window"] + facts["sink"], page)
+            self.small_budget = args.small_budget or max(least, facts["kv_budget"] // 2 // page * page)
+            self.lag = ceil_to(ASYNC_LAG_TOKENS, page) if facts["async_compaction"] else 0
+            default_long = facts["kv_budget"] + facts["buffer"] + 2 * facts["buffer"]
+        else:
+            self.small_budget, self.lag, default_long = None, 0, 256
+        self.long_len = args.long_len or default_long
+        self.short_len = args.short_len
+        self.shared_prefix = self._text(args.prefix_words) if not args.input_ids else self._ids(args.prefix_words)
+
+    def _text(self, n: int) -> str:
+        return " ".join(self.rng.choice(WORDS) for _ in range(n))
+
+    def _ids(self, n: int) -> List[int]:
+        return [self.rng.randrange(100, self.args.vocab_size - 100) for _ in range(n)]
+
+    def _prompt(self):
+        a, r = self.args, self.rng.random()
+        if r < 0.4:  # shared prefix + a short own part: radix hits on the prefix
+            kind, own = "shared", 4 + self.rng.randrange(12)
+            if a.input_ids:
+                return kind, self.shared_prefix + self._ids(own)
+            return kind, f"{self.shared_prefix}\nQuestion {self._text(own)}?\nAnswer:"
+        kind, n = ("long", a.long_prompt_words) if r > 0.85 else ("unique", 8 + self.rng.randrange(24))
+        if a.input_ids:
+            return kind, self._ids(n)
+        return kind, f"Write about {self._text(n)}."
+
+    def trigger(self, budget: Optional[int]) -> Optional[int]:
+        """Output tokens at which a request's first compaction starts (about: the suffix
+        also holds the prompt's partial last page)."""
+        if not self.facts["zipage"] or budget == 0:
+            return None
+        k = budget if budget is not None else self.facts["kv_budget"]
+        return k + self.facts["buffer"] - self.lag
+
+    def jobs(self) -> List[Job]:
+        out = []
+        a = self.args
+        for i in range(a.num_requests):
+            kind, prompt = self._prompt()
+            long = self.rng.random() < a.long_share
+            n = self.long_len if long else self.short_len
+            if self.facts["zipage"]:
+                budget = self.rng.choice([None, None, self.small_budget, 0])
+            else:
+                budget = None
+            stream = self.rng.random() < 0.5
+            abort_after, near = None, False
+            if stream and long and self.rng.random() < a.abort_share:
+                trig = self.trigger(budget)
+                page = self.facts["page_size"]
+                if trig is not None and self.rng.random() < 0.5:
+                    # the first compaction starts between trig - page and trig output
+                    # tokens (the suffix also holds the prompt's last partial page) and
+                    # commits up to lag tokens later: drop anywhere around that
+                    near = True
+                    lo, hi = max(1, trig - page - 2), min(n - 1, trig + self.lag + 2)
+                    abort_after = self.rng.randint(lo, max(lo, hi))
+                else:
+                    abort_after = self.rng.randint(1, n - 1)
+            out.append(Job(i, prompt, kind, n, budget, stream, abort_after, near))
+        return out
+
+
+# ------------------------------------------------------------------ one request
+def body_of(job: Job) -> dict:
+    sp = {"max_new_tokens": job.max_new_tokens, "temperature": 0, "ignore_eos": True}
+    if job.budget is not None:
+        sp["zipage_kv_budget"] = job.budget
+    body = {"sampling_params": sp, "stream": job.stream}
+    body["input_ids" if isinstance(job.prompt, list) else "text"] = job.prompt
+    return body
+
+
+def check_final(job: Job, out: dict, facts: dict, text: str, n_ids: int) -> str:
+    """Empty string if the completed response is whole; else what is wrong."""
+    meta = out.get("meta_info")
+    if not isinstance(meta, dict):
+        return "no meta_info"
+    want = META_KEYS + (ZIPAGE_META_KEYS if facts["zipage"] else ())
+    missing = [k for k in want if k not in meta]
+    if missing:
+        return f"meta_info lacks {missing}"
+    if meta["completion_tokens"] != job.max_new_tokens:
+        return f"completion_tokens {meta['completion_tokens']} != {job.max_new_tokens}"
+    fr = meta["finish_reason"]
+    if not isinstance(fr, dict) or fr.get("type") != "length":
+        return f"finish_reason {fr!r}, expected length"
+    if facts["skip_tokenizer_init"]:
+        if n_ids != job.max_new_tokens:
+            return f"{n_ids} output_ids != {job.max_new_tokens}"
+    elif not text:
+        return "empty text"
+    if facts["zipage"]:
+        if job.budget == 0 and meta["zipage_compactions"] != 0:
+            return f"budget 0 but {meta['zipage_compactions']} compactions"
+        k = facts["kv_budget"] if job.budget is None else job.budget
+        if job.budget != 0 and meta["zipage_kv_len"] > meta["prompt_tokens"] + k + facts["buffer"]:
+            return (f"zipage_kv_len {meta['zipage_kv_len']} > prompt {meta['prompt_tokens']} "
+                    f"+ budget {k} + buffer {facts['buffer']}")
+    return ""
+
+
+def run_job(url: str, job: Job, facts: dict, timeout: float) -> Outcome:
+    try:
+        if not job.stream:
+            r = requests.post(url + "/generate", json=body_of(job), timeout=timeout)
+            if r.status_code != 200:
+                return Outcome(job.index, "error", f"HTTP {r.status_code}: {r.text[:200]}")
+            out = r.json()
+            bad = check_final(job, out, facts, out.get("text") or "", len(out.get("output_ids") or []))
+            return _final(job, out, bad)
+        return _stream(url, job, facts, timeout)
+    except (requests.RequestException, ValueError) as e:
+        return Outcome(job.index, "error", f"{type(e).__name__}: {e}"[:300])
+
+
+def _final(job: Job, out: dict, bad: str) -> Outcome:
+    if bad:
+        return Outcome(job.index, "error", bad)
+    meta = out["meta_info"]
+    return Outcome(job.index, "completed", compactions=meta.get("zipage_compactions"),
+                   tokens=meta["completion_tokens"])
+
+
+def _stream(url: str, job: Job, facts: dict, timeout: float) -> Outcome:
+    text, n_ids, last = "", 0, None
+    with requests.Session() as s:  # its own connection: closing it aborts the request
+        with s.post(url + "/generate", json=body_of(job), stream=True, timeout=timeout) as r:
+            if r.status_code != 200:
+                return Outcome(job.index, "error", f"HTTP {r.status_code}: {r.text[:200]}")
+            for line in r.iter_lines():
+                if not line.startswith(b"data:"):
+                    continue
+                payload = line[5:].strip()
+                if payload == b"[DONE]":
+                    break
+                chunk = json.loads(payload)
+                if "error" in chunk:
+                    return Outcome(job.index, "error", f"stream error: {str(chunk)[:200]}")
+                last = chunk
+                if facts["incremental"]:
+                    text += chunk.get("text") or ""
+                    n_ids += len(chunk.get("output_ids") or [])
+                else:
+                    text = chunk.get("text") or text
+                    n_ids = len(chunk.get("output_ids") or [])
+                done = (chunk.get("meta_info") or {}).get("completion_tokens", 0)
+                if job.abort_after is not None and done >= job.abort_after:
+                    if (chunk["meta_info"].get("finish_reason") is None):
+                        r.close()  # the client goes away mid-generation
+                        return Outcome(job.index, "aborted", tokens=done,
+                                       compactions=chunk["meta_info"].get("zipage_compactions"))
+    if last is None:
+        return Outcome(job.index, "error", "stream ended without a chunk")
+    if (last.get("meta_info") or {}).get("finish_reason") is None:
+        return Outcome(job.index, "error", "stream ended before the request finished")
+    return _final(job, last, check_final(job, last, facts, text, n_ids))
+
+
+# ------------------------------------------------------------------ idle and leaks
+def wait_idle(url: str, facts: dict, timeout: float) -> dict:
+    """Poll until nothing runs or waits (and no zipage state is held), then settle."""
+    deadline = time.monotonic() + timeout
+    while True:
+        load = load_snapshot(url)
+        z = zipage_state(url) if facts["zipage"] else None
+        busy = load["num_running_reqs"] or load["num_waiting_reqs"] or (
+            z is not None and (z["running_compressed_requests"] or z["shadow_tokens_held"]))
+        if not busy or time.monotonic() > deadline:
+            return {"idle": not busy, "load": load, "zipage": z}
+        time.sleep(0.5)
+
+
+def leak_report(url: str, facts: dict, settle_s: float, idle_timeout: float) -> dict:
+    first = wait_idle(url, facts, idle_timeout)
+    time.sleep(settle_s)  # the scheduler runs its idle memory check once it has nothing to do
+    again = wait_idle(url, facts, idle_timeout)
+    load, z = again["load"], again["zipage"]
+    rep = {"idle": first["idle"] and again["idle"], "kv_tokens_used_at_idle": load["num_used_tokens"],
+           "max_total_num_tokens": load["max_total_num_tokens"]}
+    leaked = load["num_used_tokens"]
+    if z is not None:
+        total = z.get("window_slots")
+        rep.update(shadow_tokens_held=z["shadow_tokens_held"],
+                   running_compressed_requests=z["running_compressed_requests"],
+                   free_window_slots=z["free_window_slots"], window_slots=total)
+        leaked += z["shadow_tokens_held"]
+        if total is not None:
+            rep["window_slots_held_at_idle"] = total - z["free_window_slots"]
+            leaked += total - z["free_window_slots"]
+    rep["leaked_slots"] = leaked
+    return rep
+
+
+def healthy(url: str) -> bool:
+    try:
+        return requests.get(url + "/health", timeout=60).status_code == 200
+    except requests.RequestException:
+        return False
+
+
+# ------------------------------------------------------------------ main
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    a = p.add_argument
+    a("--url", required=True, help="server base URL, e.g. http://127.0.0.1:30000")
+    a("--num-requests", type=int, default=300)
+    a("--concurrency", type=int, default=8)
+    a("--seed", type=int, default=0)
+    a("--short-len", type=int, default=8, help="max_new_tokens of short requests")
+    a("--long-len", type=int, default=None,
+      help="max_new_tokens of long requests (default: budget + 3 x buffer of the server)")
+    a("--long-share", type=float, default=0.35, help="share of long requests")
+    a("--abort-share", type=float, default=0.7,
+      help="share of long streaming requests the client drops")
+    a("--small-budget", type=int, default=None,
+      help="the small per-request zipage_kv_budget (default: half the server's, page aligned)")
+    a("--prefix-words", type=int, default=40, help="length of the shared prefix (words or ids)")
+    a("--long-prompt-words", type=int, default=150, help="length of long prompts (words or ids)")
+    a("--input-ids", action="store_true",
+      help="send token ids instead of text (servers with --skip-tokenizer-init)")
+    a("--vocab-size", type=int, default=32000, help="with --input-ids: ids < this")
+    a("--request-timeout", type=float, default=1800)
+    a("--idle-timeout", type=float, default=300)
+    a("--settle-s", type=float, default=3.0)
+    a("--out", default=None, help="JSON file to write")
+    return p.parse_args(argv)
+
+
+def soak(args, argv=None) -> dict:
+    url = args.url.rstrip("/")
+    t0 = time.perf_counter()
+    facts = server_facts(url)
+    if facts["skip_tokenizer_init"] and not args.input_ids:
+        raise SystemExit("the server runs with --skip-tokenizer-init: pass --input-ids")
+    before = leak_report(url, facts, 0.0, args.idle_timeout)
+    z_before = zipage_state(url) if facts["zipage"] else None
+    wl = Workload(args, facts)
+    jobs = wl.jobs()
+    tally = Tally()
+    with ThreadPoolExecutor(args.concurrency) as ex:
+        for o in ex.map(lambda j: run_job(url, j, facts, args.request_timeout), jobs):
+            tally.add(o)
+    load_s = time.perf_counter() - t0
+    leaks = leak_report(url, facts, args.settle_s, args.idle_timeout)
+    z_after = zipage_state(url) if facts["zipage"] else None
+    outs = tally.outcomes
+    count = lambda s: sum(o.status == s for o in outs)
+    errors = [o for o in outs if o.status == "error"]
+    by = lambda pred: sum(1 for j in jobs if pred(j))
+    res = {
+        "command": " ".join(shlex.quote(x) for x in
+                            ["benchmarks/soak.py", *(sys.argv[1:] if argv is None else argv)]),
+        "requests": len(jobs), "aborted": count("aborted"), "completed": count("completed"),
+        "errors": len(errors), "leaked_slots": leaks["leaked_slots"],
+        "healthy": healthy(url), "idle_before": before, "idle_after": leaks,
+        "error_samples": [asdict(o) for o in errors[:10]],
+        "mix": {"long": by(lambda j: j.max_new_tokens == wl.long_len),
+                "stream": by(lambda j: j.stream),
+                "planned_aborts": by(lambda j: j.abort_after is not None),
+                "planned_aborts_near_compaction": by(lambda j: j.near_compaction),
+                "budget_default": by(lambda j: j.budget is None),
+                "budget_small": by(lambda j: j.budget not in (None, 0)),
+                "budget_off": by(lambda j: j.budget == 0),
+                "prompts": {k: by(lambda j, k=k: j.prompt_kind == k) for k in ("shared", "unique", "long")}},
+        "settings": {"short_len": wl.short_len, "long_len": wl.long_len,
+                     "small_budget": wl.small_budget, "seed": args.seed,
+                     "concurrency": args.concurrency, "input_ids": args.input_ids},
+        "server": facts,
+        "output_tokens_completed": sum(o.tokens for o in outs if o.status == "completed"),
+        "aborted_after_a_compaction": sum(1 for o in outs if o.status == "aborted" and o.compactions),
+        "completed_with_compactions": sum(1 for o in outs if o.status == "completed" and o.compactions),
+        "load_s": round(load_s, 1), "total_s": round(time.perf_counter() - t0, 1),
+    }
+    if z_before is not None and z_after is not None:
+        res["zipage_delta"] = {k: z_after[k] - z_before[k] for k in
+                               ("compactions", "async_compactions", "async_awaited",
+                                "async_fallbacks", "tokens_evicted", "window_slot_misses")
+                               if k in z_after and k in z_before}
+        res["max_suffix_tokens"] = z_after["max_suffix_tokens"]
+    return res
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    res = soak(args, argv)
+    text = json.dumps(res, indent=1)
+    if args.out:
+        with open(args.out, "w") as f:
+            f.write(text + "\n")
+    print(text)
+    ok = res["errors"] == 0 and res["leaked_slots"] == 0 and res["healthy"]
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
