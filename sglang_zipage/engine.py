@@ -38,7 +38,7 @@ class Engine(SGLangEngine):
         problems = zargs.incompatibilities(server_args, config)
         if problems:
             raise ValueError("; ".join(problems))
-        zargs.set_process_env(server_args.device)
+        zargs.set_process_env(server_args.device, server_args.page_size)
         config.to_env()
         hooks.install(None, device=server_args.device)
         hooks.install_frontend(config)

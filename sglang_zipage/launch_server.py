@@ -72,7 +72,7 @@ def prepare(argv: List[str]):
     problems = zargs.incompatibilities(server_args, config)
     if problems:
         sys.exit(f"{PROG}: error: " + "; ".join(problems))
-    zargs.set_process_env(server_args.device)
+    zargs.set_process_env(server_args.device, server_args.page_size)
     config.to_env()
     return server_args, config
 

@@ -45,10 +45,14 @@ def default_overrides(given: Dict, config: ZipageConfig, *, has_cuda: bool) -> D
     return out
 
 
-def set_process_env(device: str) -> None:
+def set_process_env(device: str, page_size: int = 1) -> None:
     if device == "cpu":
         # Two OpenMP threads thrash on a 2-core machine as soon as anything else runs.
         os.environ.setdefault("OMP_NUM_THREADS", "1")
+        if (page_size or 1) > 1:
+            # SGLang's paged allocator is a Triton kernel: without a GPU it only runs in
+            # Triton's interpreter (else the first prefill dies with "0 active drivers").
+            os.environ.setdefault("TRITON_INTERPRET", "1")
 
 
 def incompatibilities(server_args, config: ZipageConfig) -> List[str]:

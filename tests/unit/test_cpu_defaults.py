@@ -1,5 +1,7 @@
 """CPU defaults of the launcher: only flags the user did not give, grammar backend included."""
 
+import os
+
 from sglang_zipage.config import ZipageConfig
 from sglang_zipage.server_args import default_overrides
 
@@ -23,3 +25,13 @@ def test_gpu_decode_graphs_cover_the_larger_batches_a_budget_allows():
     assert "cuda_graph_max_bs_decode" not in default_overrides(given, ZipageConfig(), has_cuda=True)
     off = ZipageConfig(enabled=False)
     assert "cuda_graph_max_bs_decode" not in default_overrides({"model_path": "m"}, off, has_cuda=True)
+
+
+def test_paged_kv_on_cpu_runs_sglang_triton_allocator_in_the_interpreter(monkeypatch):
+    from sglang_zipage.server_args import set_process_env
+
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    set_process_env("cpu", 1)
+    assert "TRITON_INTERPRET" not in os.environ
+    set_process_env("cpu", 16)
+    assert os.environ["TRITON_INTERPRET"] == "1"
