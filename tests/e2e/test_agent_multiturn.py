@@ -15,22 +15,11 @@ only a newline at the end of turn t's prompt can merge with its answer's first c
 Run: .venv/bin/python -m pytest tests/e2e/test_agent_multiturn.py
 """
 
-import importlib.util
-
 import requests
 
-from zipage_server import REPO, assert_healthy
+from zipage_server import assert_healthy, load_example
 
-
-def _load_example():
-    spec = importlib.util.spec_from_file_location(
-        "agent_multiturn_example", REPO / "examples" / "agent_multiturn.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-agent = _load_example()
+agent = load_example("agent_multiturn")
 
 
 def floor_page(n, page):

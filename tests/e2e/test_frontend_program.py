@@ -5,23 +5,13 @@ Runs the functions of examples/frontend_program.py through sgl.RuntimeEndpoint.
 Run: .venv/bin/python -m pytest tests/e2e/test_frontend_program.py
 """
 
-import importlib.util
 import re
 
 import pytest
 
-from zipage_server import REPO, assert_healthy
+from zipage_server import assert_healthy, load_example
 
-
-def _load_example():
-    spec = importlib.util.spec_from_file_location(
-        "frontend_program_example", REPO / "examples" / "frontend_program.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-fp = _load_example()
+fp = load_example("frontend_program")
 
 
 @pytest.fixture(scope="module")

@@ -122,3 +122,13 @@ def assert_healthy(server):
     assert requests.get(server.url + "/health", timeout=30).status_code == 200
     log = server.log()
     assert "Traceback" not in log, log[log.index("Traceback"):][:3000]
+
+
+def load_example(name: str):
+    """Import examples/<name>.py (not a package) so a test can call its functions."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(f"{name}_example", REPO / "examples" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
