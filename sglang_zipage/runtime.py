@@ -35,7 +35,6 @@ class ShadowLaunch:
     dst_slots are fresh slots, launched on the side stream at the next flush."""
 
     plan: CompactionPlan
-    live: int  # rows whose request is still there
     done: Optional[torch.cuda.Event] = None  # recorded on the side stream at launch
     launched: bool = False
 
@@ -193,16 +192,13 @@ class ZipageRuntime:
 
     def _drop_shadow(self, sh: Shadow) -> None:
         """Its request leaves before the commit; SGLang frees the old columns. Not launched
-        yet: its row now writes to slot 0 (SGLang's padding slot) and the fresh slots are
-        free at once. Launched: a short host wait until the side stream is done with them
+        yet: its row now writes to slot 0 (SGLang's padding slot, ordered before the launch
+        by the forward stream's wait on the scheduler stream) and the fresh slots are free
+        at once. Launched: a short host wait until the side stream is done with them
         (only when a request leaves with its compaction in flight)."""
         launch = sh.launch
-        launch.live -= 1
         if not launch.launched:
-            if launch.live == 0:
-                self.launches.remove(launch)
-            else:
-                launch.plan.dst_slots[sh.row].zero_()
+            launch.plan.dst_slots[sh.row].zero_()
         elif launch.done is not None:
             launch.done.synchronize()
         self.allocator.free(sh.fresh)
@@ -281,7 +277,7 @@ class ZipageRuntime:
                 continue  # no room now: they retry at their next step
             fresh = fresh.view(len(group), k)
             plan, old = plan_compaction(r2t, [it for _, it in group], k, self.page_size, fresh=fresh)
-            launch = ShadowLaunch(plan, live=len(group))
+            launch = ShadowLaunch(plan)
             self.launches.append(launch)
             for row, (req, it) in enumerate(group):
                 req.zipage.shadow = Shadow(launch, row, it.suffix, old[row, :it.suffix],
@@ -302,7 +298,6 @@ class ZipageRuntime:
         req = batch.reqs[i]
         st = req.zipage
         sh, st.shadow = st.shadow, None
-        sh.launch.live -= 1
         if not sh.launch.finished():
             if sh.launch not in self.waits:
                 self.waits.append(sh.launch)  # the next forward waits for it on the GPU
