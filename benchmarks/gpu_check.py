@@ -29,13 +29,15 @@ STRICT = {"SGLANG_ENABLE_STRICT_MEM_CHECK_DURING_BUSY": "1", "SGLANG_CHECK_KV_PA
 
 
 def engine(kind, backend, page, model, budget, buffer, extra):
-    """kind: stock, sync or async."""
+    """kind: stock, sync or async. Decode graphs up to batch 64 unless extra names them."""
     from sglang_zipage import Engine
 
     kw = dict(model_path=model, load_format="dummy", skip_tokenizer_init=True,
               attention_backend=backend, sampling_backend="pytorch", grammar_backend="none",
-              page_size=page, mem_fraction_static=0.5, random_seed=0, cuda_graph_max_bs_decode=64,
+              page_size=page, mem_fraction_static=0.5, random_seed=0,
               disable_prefill_cuda_graph=True, log_level="warning", **extra)
+    if "cuda_graph_bs_decode" not in kw:
+        kw["cuda_graph_max_bs_decode"] = 64
     if kind == "stock":
         return Engine(zipage_enabled=False, **kw)
     return Engine(zipage_kv_budget=budget, zipage_buffer=buffer,
@@ -89,6 +91,9 @@ def main():
     p.add_argument("--buffer", type=int, default=32)
     p.add_argument("--disable-overlap-schedule", action="store_true")
     p.add_argument("--disable-cuda-graph", action="store_true")
+    p.add_argument("--graph-bs", default=None,
+                   help="decode batch sizes to capture, e.g. 1,32 (flashinfer's first capture "
+                        "compiles for about a minute per batch size on a fresh machine)")
     p.add_argument("--modes", default="sync", help="zipage modes to check: sync, async or both")
     p.add_argument("--out", required=True)
     a = p.parse_args()
@@ -98,6 +103,8 @@ def main():
         extra["disable_overlap_schedule"] = True
     if a.disable_cuda_graph:
         extra["disable_cuda_graph"] = True
+    elif a.graph_bs:
+        extra["cuda_graph_bs_decode"] = [int(x) for x in a.graph_bs.split(",")]
     import torch
 
     report = {"command": " ".join([os.path.basename(sys.executable)] + sys.argv),
