@@ -21,12 +21,10 @@ log=${out%.json}-server.log
 model=$("$py" -c "import sys; sys.path.insert(0, '$here')
 from bench_throughput import tiny_model_dir; print(tiny_model_dir())")
 env_strict="SGLANG_ENABLE_STRICT_MEM_CHECK_DURING_BUSY=1 SGLANG_CHECK_KV_PAGE_INVARIANTS=1 SGLANG_DEBUG_MEMORY_POOL=1"
-server_cmd="$env_strict $py -m sglang_zipage.launch_server --model-path <tiny 2-layer Qwen3: bench_throughput.tiny_model_dir()> --load-format dummy --skip-tokenizer-init --sampling-backend pytorch --grammar-backend none $server_flags --port $port"
+flags="--load-format dummy --skip-tokenizer-init --sampling-backend pytorch --grammar-backend none $server_flags --port $port"
+server_cmd="$env_strict $py -m sglang_zipage.launch_server --model-path <tiny 2-layer Qwen3: bench_throughput.tiny_model_dir()> $flags"
 # shellcheck disable=SC2086
-env SGLANG_ENABLE_STRICT_MEM_CHECK_DURING_BUSY=1 SGLANG_CHECK_KV_PAGE_INVARIANTS=1 \
-    SGLANG_DEBUG_MEMORY_POOL=1 "$py" -m sglang_zipage.launch_server --model-path "$model" \
-    --load-format dummy --skip-tokenizer-init --sampling-backend pytorch --grammar-backend none \
-    $server_flags --port "$port" >"$log" 2>&1 &
+env $env_strict "$py" -m sglang_zipage.launch_server --model-path "$model" $flags >"$log" 2>&1 &
 pid=$!
 for _ in $(seq 600); do
   curl -sf "http://127.0.0.1:$port/health" >/dev/null && break
