@@ -149,13 +149,17 @@ def parse_args(argv=None):
       help="extra sglang_zipage.Engine keyword (VALUE parsed as JSON when it can be)")
     a("--engine-timeout-s", type=int, default=3600)
     a("--parallel", type=int, default=1,
-      help="engine configurations run at once (GPU: each gets mem_fraction_static 0.8/N and "
-           "its own ports; on a 2-core CPU keep 1)")
+      help="engine configurations run at once, each with its own ports and a pool sized to "
+           "the work (on a 2-core CPU keep 1)")
     a("--workdir", default=None, help="part files (default /tmp/fidelity-<preset>)")
     a("--resume", action="store_true", help="reuse part files found in --workdir")
     a("--out", default=os.path.join(REPO, "benchmarks", "results", "fidelity.json"))
-    a("--raw-out", default=None, help="per-step data (default: <out>_raw.json)")
+    a("--raw-out", default=None,
+      help="per-step data (default: <out>_raw.json; gzip-compressed when it ends in .gz)")
     a("--png", default=None)
+    a("--record-command", default=None,
+      help="the command to record in the JSON (default: this one), e.g. the script that ran "
+           "the parts and then this merge")
     args = p.parse_args(argv)
     for k, v in PRESETS[args.preset].items():
         if getattr(args, k) is None:
@@ -190,12 +194,12 @@ def engine_kwargs(args, frac, variant, items, free_prompts) -> Dict:
           # the forcing processor counts its calls per request; without overlap scheduling
           # that count is len(output_ids) (forcing.py); and greedy + seed: deterministic
           "disable_overlap_schedule": True, "random_seed": 0}
-    import torch
-
-    if not torch.cuda.is_available():
-        need = max(len(items) * (args.prompt_len + args.cont_len),
-                   sum(len(f) for f in free_prompts) + len(free_prompts) * args.free_max_new)
-        kw["max_total_tokens"] = int(need * 1.1) + 1024
+    # A pool sized to the work: on a CPU it keeps memory small; on a GPU it lets several
+    # engines share one device (each profiles free memory at start, so a pool that takes
+    # "the rest" would leave nothing to the next one).
+    need = max(len(items) * (args.prompt_len + args.cont_len),
+               sum(len(f) for f in free_prompts) + len(free_prompts) * args.free_max_new)
+    kw["max_total_tokens"] = int(need * 1.1) + 1024
     if frac is None:
         kw["zipage_enabled"] = False
     else:
@@ -366,7 +370,8 @@ def summarize(args, items, runs_by_impl: Dict[str, Dict[str, Dict]], free_items)
         "label": (f"{args.preset} preset: {len(items)} texts x {args.cont_len} forced tokens, "
                   f"budgets {args.budgets}, engine variants {args.engine_variants}, "
                   f"HF variants {args.hf_variants}"),
-        "command": " ".join(shlex.quote(x) for x in [os.path.relpath(sys.argv[0], REPO)] + sys.argv[1:]),
+        "command": args.record_command or " ".join(
+            shlex.quote(x) for x in [os.path.relpath(sys.argv[0], REPO)] + sys.argv[1:]),
         "config": {k: v for k, v in vars(args).items() if k not in ("out", "raw_out", "png")},
         "versions": versions(), "git_sha": git_sha(), "device": device_name(),
         "engine_selection_knob": engine_has_selection(),
@@ -481,8 +486,7 @@ def main(argv=None):
                     f"'selection' knob yet; the HF reference runs this control)")
                 continue
             kw = engine_kwargs(args, frac, variant, items, [f.free_prompt_ids for f in free_items])
-            if args.parallel > 1:  # several small engines share the GPU: own memory share, ports
-                kw.setdefault("mem_fraction_static", round(0.8 / args.parallel, 3))
+            if args.parallel > 1:  # several small engines share the device: own ports
                 kw.setdefault("port", 31000 + 20 * len(jobs))
                 kw.setdefault("nccl_port", 31000 + 20 * len(jobs) + 7)
             jobs.append((frac, variant, kw))
@@ -535,7 +539,10 @@ def main(argv=None):
     os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
     with open(args.out, "w") as f:
         json.dump(summary, f, indent=1, default=str)
-    with open(args.raw_out, "w") as f:
+    import gzip
+
+    opener = gzip.open if args.raw_out.endswith(".gz") else open
+    with opener(args.raw_out, "wt") as f:
         json.dump(_round(raw), f, separators=(",", ":"))
     print_table(summary)
     log(f"wrote {args.out} and {args.raw_out}")
