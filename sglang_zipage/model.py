@@ -72,7 +72,25 @@ def _convert(gguf: Path, out: Path) -> None:
     folder, name = str(gguf.parent), gguf.name
     tok = AutoTokenizer.from_pretrained(folder, gguf_file=name)
     tok.eos_token = EOS_TOKEN
-    model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=torch.bfloat16)
+    model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=torch.bfloat16,
+                                                 **_dequantize_kwargs())
+    quantizer = getattr(model, "hf_quantizer", None)
+    if quantizer is not None:  # newer transformers keep a GGUF quantizer on a dense model
+        quantizer.remove_quantization_config(model)
     model.generation_config.eos_token_id = tok.convert_tokens_to_ids(EOS_TOKEN)
     model.save_pretrained(out)
     tok.save_pretrained(out)
+
+
+def _dequantize_kwargs() -> dict:
+    """Ask for plain dense weights. transformers >= 5.17 otherwise keeps GGUF blocks packed
+    where it has a matmul kernel for them (a GPU machine), and such a model cannot be saved."""
+    try:
+        from transformers import GgufConfig
+    except ImportError:  # older transformers always dequantize
+        return {}
+    import inspect
+
+    if "dequantize" not in inspect.signature(GgufConfig).parameters:
+        return {}
+    return {"quantization_config": GgufConfig(dequantize=True)}

@@ -24,7 +24,9 @@ common=(--preset full ${FIDELITY_ARGS:-} --hf-device "${HF_DEVICE:-cuda}" ${engi
 mkdir -p "$out" "$wd/logs"
 log() { echo "[run_h200 $(date +%H:%M:%S)] $*"; }
 
-log "model: $($py -c 'from sglang_zipage.model import bundled_model_path as p; print(p())')" || exit 1
+model=$($py -c 'from sglang_zipage.model import bundled_model_path as p; print(p())') \
+    || { log "the bundled model could not be converted"; exit 1; }
+log "model: $model"
 
 log "engine configurations on GPU ${ENGINE_GPU:-0}; log $wd/logs/engine.log"
 CUDA_VISIBLE_DEVICES=${ENGINE_GPU:-0} $py $fid "${common[@]}" --skip-hf --workdir "$wd" \
