@@ -76,7 +76,7 @@ def plot(summary: dict, path: str) -> None:
         ax.axhline(eng[0]["repetition_rate_full"], color="k", ls=":", lw=1,
                    label="repetition rate, full KV")
     ax.axhline(1.0, color="k", lw=0.6)
-    ax.set_xticks(list(x), labels, fontsize=7)
+    ax.set_xticks(list(x), labels, fontsize=7, rotation=90)
     ax.set_title("free running (engine): length compressed / full KV, repetition", fontsize=10)
     ax.legend(fontsize=7)
     ax.grid(alpha=0.3, axis="y")

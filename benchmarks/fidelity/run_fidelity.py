@@ -36,12 +36,11 @@ Presets
   Any preset value can be overridden (--n-texts, --cont-len, --budgets, ...).
 
 Commands
-  CPU subset (writes the committed subset result):
-    .venv/bin/python benchmarks/fidelity/run_fidelity.py --preset subset \
-        --out benchmarks/results/fidelity.json --png benchmarks/results/fidelity.png
-  Full set (GPU machine; the HF reference runs there too with --hf-device cuda):
-    python benchmarks/fidelity/run_fidelity.py --preset full --hf-device cuda \
-        --workdir $OUT/fidelity-parts --out $OUT/fidelity.json --png $OUT/fidelity.png
+  CPU preset (the committed fidelity-cpu.json):
+    .venv/bin/python benchmarks/fidelity/run_fidelity.py --preset cpu --hf-budgets 0.25 \
+        --out benchmarks/results/fidelity-cpu.json --png benchmarks/results/fidelity-cpu.png
+  Full set (the committed fidelity.json): benchmarks/fidelity/run_h200.sh runs this file's
+  engine and HF halves on two GPUs at once, then merges them with --resume.
   --resume reuses the per-configuration part files in --workdir, so a run cut short (or
   split over several calls) picks up where it stopped. Redraw the PNG from the JSON with
   benchmarks/fidelity/plot_fidelity.py.
@@ -153,7 +152,8 @@ def parse_args(argv=None):
            "the work (on a 2-core CPU keep 1)")
     a("--workdir", default=None, help="part files (default /tmp/fidelity-<preset>)")
     a("--resume", action="store_true", help="reuse part files found in --workdir")
-    a("--out", default=os.path.join(REPO, "benchmarks", "results", "fidelity.json"))
+    a("--out", default=None, help="summary JSON (default: <workdir>/fidelity.json; the "
+      "committed results are written only when named)")
     a("--raw-out", default=None,
       help="per-step data (default: <out>_raw.json; gzip-compressed when it ends in .gz)")
     a("--png", default=None)
@@ -170,6 +170,7 @@ def parse_args(argv=None):
         if v not in VARIANTS:
             p.error(f"unknown variant {v!r}; known: {', '.join(VARIANTS)}")
     args.workdir = args.workdir or f"/tmp/fidelity-{args.preset}"
+    args.out = args.out or os.path.join(args.workdir, "fidelity.json")
     args.raw_out = args.raw_out or os.path.splitext(args.out)[0] + "_raw.json"
     return args
 
@@ -281,6 +282,10 @@ def versions() -> Dict:
 
 
 def git_sha() -> Optional[str]:
+    """ZIPAGE_COMMIT when set (a copied checkout, e.g. on the GPU machine, may carry a stale
+    .git), else the checkout's HEAD."""
+    if os.environ.get("ZIPAGE_COMMIT"):
+        return os.environ["ZIPAGE_COMMIT"]
     try:
         sha = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True,
                              text=True, timeout=10, check=True).stdout.strip()
@@ -288,7 +293,7 @@ def git_sha() -> Optional[str]:
                                text=True, timeout=10).stdout.strip()
         return sha + ("+dirty" if dirty else "")
     except Exception:
-        return os.environ.get("ZIPAGE_COMMIT")
+        return None
 
 
 def device_name() -> str:

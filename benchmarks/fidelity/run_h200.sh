@@ -17,7 +17,7 @@ fid=benchmarks/fidelity/run_fidelity.py
 cmd="bash benchmarks/fidelity/run_h200.sh $*"
 # triton attention and the pytorch sampler: the GPU machine's SGLang bundle has neither fa3
 # (SGLang's Hopper default) nor flashinfer's sampling kernels; 12 texts need graphs up to 16.
-engine_args=${ENGINE_ARGS-"--engine-arg attention_backend=triton --engine-arg sampling_backend=pytorch --engine-arg grammar_backend=none --engine-arg cuda_graph_max_bs=16"}
+engine_args=${ENGINE_ARGS-"--engine-arg attention_backend=triton --engine-arg sampling_backend=pytorch --engine-arg grammar_backend=none --engine-arg cuda_graph_max_bs_decode=16"}
 # shellcheck disable=SC2206  # word splitting of the two argument strings is intended
 common=(--preset full ${FIDELITY_ARGS:-} --hf-device "${HF_DEVICE:-cuda}" ${engine_args}
         --parallel "${PARALLEL:-7}" --resume)

@@ -27,6 +27,8 @@ def test_concurrent_first_use_yields_one_complete_model(tmp_path):
     assert sorted(os.listdir(tmp_path)) == ["SmolLM2-135M-Instruct"]  # no half-written copies
     config = json.loads((model / "config.json").read_text())
     assert (config["num_hidden_layers"], config["num_key_value_heads"], config["head_dim"]) == (30, 3, 64)
+    # a dense bf16 checkpoint: SGLang must not see a GGUF quantization config
+    assert "quantization_config" not in config and config.get("dtype") == "bfloat16"
     assert (model / "model.safetensors").stat().st_size > 100_000_000
     tok = json.loads((model / "tokenizer_config.json").read_text())
     assert tok["eos_token"] == "<|im_end|>"  # the converted tokenizer's EOS quirk is fixed
