@@ -50,6 +50,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import gzip
 import json
 import os
 import shlex
@@ -544,8 +545,6 @@ def main(argv=None):
     os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
     with open(args.out, "w") as f:
         json.dump(summary, f, indent=1, default=str)
-    import gzip
-
     opener = gzip.open if args.raw_out.endswith(".gz") else open
     with opener(args.raw_out, "wt") as f:
         json.dump(_round(raw), f, separators=(",", ":"))

@@ -15,6 +15,9 @@ wd=${2:-/tmp/fidelity-full}
 py=${PYTHON:-python3}
 fid=benchmarks/fidelity/run_fidelity.py
 cmd="bash benchmarks/fidelity/run_h200.sh $*"
+for v in FIDELITY_ARGS ENGINE_ARGS PARALLEL; do  # overrides belong to the recorded command
+    [ -n "${!v+x}" ] && cmd="$v=$(printf %q "${!v}") $cmd"
+done
 # triton attention and the pytorch sampler: the GPU machine's SGLang bundle has neither fa3
 # (SGLang's Hopper default) nor flashinfer's sampling kernels; 12 texts need graphs up to 16.
 engine_args=${ENGINE_ARGS-"--engine-arg attention_backend=triton --engine-arg sampling_backend=pytorch --engine-arg grammar_backend=none --engine-arg cuda_graph_max_bs_decode=16"}
