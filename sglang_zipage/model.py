@@ -87,10 +87,6 @@ def _dequantize_kwargs() -> dict:
     where it has a matmul kernel for them (a GPU machine), and such a model cannot be saved."""
     try:
         from transformers import GgufConfig
-    except ImportError:  # older transformers always dequantize
-        return {}
-    import inspect
-
-    if "dequantize" not in inspect.signature(GgufConfig).parameters:
+    except ImportError:  # older transformers (5.12) have no GgufConfig and always dequantize
         return {}
     return {"quantization_config": GgufConfig(dequantize=True)}

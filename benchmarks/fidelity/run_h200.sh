@@ -24,6 +24,7 @@ engine_args=${ENGINE_ARGS-"--engine-arg attention_backend=triton --engine-arg sa
 # shellcheck disable=SC2206  # word splitting of the two argument strings is intended
 common=(--preset full ${FIDELITY_ARGS:-} --hf-device "${HF_DEVICE:-cuda}" ${engine_args}
         --parallel "${PARALLEL:-7}" --resume)
+budgets=(0.125 0.25 0.5)  # the full preset's; one HF process each
 mkdir -p "$out" "$wd/logs"
 log() { echo "[run_h200 $(date +%H:%M:%S)] $*"; }
 
@@ -35,7 +36,7 @@ log "engine configurations on GPU ${ENGINE_GPU:-0}; log $wd/logs/engine.log"
 CUDA_VISIBLE_DEVICES=${ENGINE_GPU:-0} $py $fid "${common[@]}" --skip-hf --workdir "$wd" \
     --out "$wd/engine-only.json" >"$wd/logs/engine.log" 2>&1 &
 pids=($!)
-for b in 0.125 0.25 0.5; do
+for b in "${budgets[@]}"; do
     noise=none; [ "$b" = 0.25 ] && noise=bfloat16
     log "HF reference at budget $b on GPU ${HF_GPU:-1}; log $wd/logs/hf-$b.log"
     CUDA_VISIBLE_DEVICES=${HF_GPU:-1} $py $fid "${common[@]}" --skip-engine --hf-budgets "$b" \
@@ -47,7 +48,7 @@ fail=0
 for p in "${pids[@]}"; do wait "$p" || fail=1; done
 tail -n 3 "$wd"/logs/*.log
 [ "$fail" = 0 ] || { log "a part failed: see $wd/logs"; exit 1; }
-for b in 0.125 0.25 0.5; do cp "$wd/hf-$b"/hf*.json "$wd/"; done
+for b in "${budgets[@]}"; do cp "$wd/hf-$b"/hf*.json "$wd/"; done
 
 log "merge"
 CUDA_VISIBLE_DEVICES=${HF_GPU:-1} $py $fid "${common[@]}" --workdir "$wd" \
