@@ -6,7 +6,7 @@ run_fidelity.py writes a spec (JSON) and starts
 which starts ``sglang_zipage.Engine`` with the spec's ``engine_kwargs`` (``zipage_enabled=False``
 for the full-KV run: no hook is installed, SGLang's own code runs), then
   1. teacher forcing: every text's request at once, greedy, max_new_tokens = the reference
-     length, with forcing.ForceReference as custom logit processor (see forcing.py);
+     length, with sglang_zipage.forcing.ForceReference as custom logit processor;
      checks that the engine emitted exactly the reference tokens;
   2. free running: every free prompt at once, greedy, stops at EOS or free_max_new;
 and writes OUT.json: per-text records, the free-running outputs, the zipage counters and
@@ -23,8 +23,6 @@ import shutil
 import sys
 import tempfile
 import time
-
-HERE = os.path.dirname(os.path.abspath(__file__))
 
 
 def zipage_engine_class():
@@ -43,9 +41,7 @@ def zipage_state(engine):
 
 def main(spec_path: str, out_path: str) -> None:
     spec = json.load(open(spec_path))
-    os.environ["PYTHONPATH"] = HERE + os.pathsep + os.environ.get("PYTHONPATH", "")
-    sys.path.insert(0, HERE)
-    from forcing import ForceReference
+    from sglang_zipage.forcing import ForceReference
 
     Engine = zipage_engine_class()
 

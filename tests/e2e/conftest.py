@@ -3,17 +3,23 @@
 Every server runs SGLang's strict memory checker (leaks, double frees, page invariants
 are checked after every busy step); a checker failure kills the scheduler, which the
 tests see as a failed request or an unhealthy server and as a traceback in the log.
+Every server also accepts custom logit processors (teacher forcing, zipage_server.force)
+and tokenizes a batch of texts as one batch, so a batch request (the frontend's select,
+for one) reaches the scheduler as one message: the same batch composition on every run.
 """
 
 import pytest
 
-from zipage_server import CHUNK_TOKENS, POOL_TOKENS, SMALL_BUDGET, STRICT_MEM_ENV, Server
+from zipage_server import (CHUNK_TOKENS, POOL_TOKENS, REFERENCE_PROMPTS, REFERENCE_TOKENS,
+                           SMALL_BUDGET, STRICT_MEM_ENV, Server, chat_prompt, token_ids)
+
+COMMON_ARGS = ["--max-total-tokens", POOL_TOKENS, "--chunked-prefill-size", CHUNK_TOKENS,
+               "--enable-custom-logit-processor", "--enable-tokenizer-batch-encode"]
 
 
 def _server(tmp_path_factory, name, args):
     log = tmp_path_factory.mktemp("servers") / f"{name}.log"
-    srv = Server(["--max-total-tokens", POOL_TOKENS, "--chunked-prefill-size", CHUNK_TOKENS, *args],
-                 log, env=STRICT_MEM_ENV)
+    srv = Server([*COMMON_ARGS, *args], log, env=STRICT_MEM_ENV)
     yield srv
     srv.stop()
 
@@ -36,3 +42,16 @@ def stock_server(tmp_path_factory):
 def default_server(tmp_path_factory):
     """Compression on with the default budget: no short request ever compresses."""
     yield from _server(tmp_path_factory, "default", [])
+
+
+@pytest.fixture(scope="session")
+def references(default_server):
+    """The model's greedy full-KV continuations (REFERENCE_TOKENS each) of REFERENCE_PROMPTS:
+    prompt -> (prompt ids, continuation ids). Teacher forcing decodes them under compression;
+    with full KV each forced step's top-1 is the reference token itself."""
+    prompts = [token_ids(chat_prompt(p)) for p in REFERENCE_PROMPTS]
+    outs = default_server.generate_ids(
+        prompts, [{"max_new_tokens": REFERENCE_TOKENS, "temperature": 0, "ignore_eos": True}
+                  for _ in prompts])
+    assert all(o["meta_info"]["zipage_compactions"] == 0 for o in outs)  # full KV
+    return {p: (ids, o["output_ids"]) for p, ids, o in zip(REFERENCE_PROMPTS, prompts, outs)}

@@ -44,7 +44,10 @@ def test_refused_or_accepted_as_on_stock(zipage_server, stock_server, case):
             "huge_max_new_tokens": {"text": chat_prompt("Hi"), "sampling_params": {
                 **sp, "max_new_tokens": 10**9}}}[case]
     body = {"sampling_params": sp, **body}
-    ours, stock = _post(zipage_server, body), _post(stock_server, body)
+    zipage_server.idle_and_flushed()  # the same cache state and batch composition
+    ours = _post(zipage_server, body)
+    stock_server.idle_and_flushed()
+    stock = _post(stock_server, body)
     print(case, stock.status_code, _error_text(stock)[:200])  # for the record (-s)
     assert ours.status_code == stock.status_code, (ours.text[:500], stock.text[:500])
     if stock.status_code == 200:

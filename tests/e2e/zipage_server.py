@@ -1,7 +1,19 @@
-"""Start and stop a real `python -m sglang_zipage.launch_server` for tests."""
+"""Start and stop a real `python -m sglang_zipage.launch_server` for tests, and the helpers
+that make output comparisons hold on any CPU and under load.
+
+SGLang's CPU kernels are not batch-invariant on every processor, and which requests share a
+batch depends on timing. So a test compares outputs only where the batch composition is the
+same on both sides: ``Server.idle_and_flushed()`` first (nothing running, empty radix cache),
+then one request at a time, or one ``generate_ids`` call (a batch of token-id prompts reaches
+the scheduler as one message, so it is admitted as one batch). Quality is measured by teacher
+forcing (``force``): per-step log-probabilities and top-1 tokens of a full-KV continuation,
+decoded under compression, which no numerical jitter can derail.
+"""
 
 from __future__ import annotations
 
+import functools
+import json
 import os
 import signal
 import socket
@@ -17,6 +29,10 @@ REPO = Path(__file__).resolve().parents[2]
 POOL_TOKENS = "640"  # too small for 4 x 300-token outputs, large enough for 4 budgets
 SMALL_BUDGET = ["--zipage-kv-budget", "64", "--zipage-buffer", "16"]
 CHUNK_TOKENS = "64"  # long prompts are prefilled in chunks, as on a busy GPU server
+# The conftest fixture `references` holds the model's greedy full-KV continuations of these.
+REFERENCE_PROMPTS = ["Explain how rainbows form.", "Describe how a bicycle works.",
+                     "Give advice to a student starting university."]
+REFERENCE_TOKENS = 300
 STRICT_MEM_ENV = {
     "SGLANG_ENABLE_STRICT_MEM_CHECK_DURING_BUSY": "1",
     "SGLANG_CHECK_KV_PAGE_INVARIANTS": "1",
@@ -59,12 +75,31 @@ class Server:
     def log(self) -> str:
         return self.log_path.read_text(errors="replace")
 
-    def generate(self, text, max_new_tokens, **sampling):
-        body = {"text": text, "sampling_params": {"max_new_tokens": max_new_tokens,
-                                                  "temperature": 0, **sampling}}
+    def generate(self, text, max_new_tokens, return_logprob=False, **sampling):
+        body = {"text": text, "return_logprob": return_logprob,
+                "sampling_params": {"max_new_tokens": max_new_tokens, "temperature": 0, **sampling}}
         r = requests.post(self.url + "/generate", json=body, timeout=1800)
         r.raise_for_status()
         return r.json()
+
+    def generate_ids(self, input_ids, sampling_params, **body):
+        """One /generate call with a batch of token-id prompts (and one sampling-params dict
+        per prompt). SGLang sends such a batch to the scheduler as one message, so on an idle
+        server every prompt is admitted in the same step: the same batch composition on
+        every run. Returns one response per prompt; ``output_ids`` holds the tokens."""
+        r = requests.post(self.url + "/generate", timeout=1800,
+                          json={"input_ids": input_ids, "sampling_params": sampling_params, **body})
+        r.raise_for_status()
+        return r.json()
+
+    def idle_and_flushed(self, timeout: float = 900):
+        """Wait until no request runs or waits (earlier tests may have left some), then empty
+        the radix cache, so what comes next sees the same cache state on every server."""
+        deadline = time.monotonic() + timeout
+        while requests.post(self.url + "/flush_cache", timeout=60).status_code != 200:
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"{self.url} still busy after {timeout}s")
+            time.sleep(0.5)
 
     def zipage_state(self):
         info = requests.get(self.url + "/server_info", timeout=60).json()
@@ -109,11 +144,50 @@ def chat_prompt(user: str, system: str = None) -> str:
     return f"{s}<|im_start|>user\n{user}<|im_end|>\n<|im_start|>assistant\n"
 
 
-def repetition_rate(text: str, n: int = 4) -> float:
-    """Share of word n-grams that repeat an earlier one: 0 = none, near 1 = a loop."""
-    words = text.split()
-    grams = [tuple(words[i:i + n]) for i in range(len(words) - n + 1)]
-    return 1 - len(set(grams)) / len(grams) if grams else 0.0
+@functools.lru_cache(maxsize=None)
+def _tokenizer():
+    from transformers import AutoTokenizer
+
+    from sglang_zipage.model import bundled_model_path
+
+    return AutoTokenizer.from_pretrained(bundled_model_path())
+
+
+def token_ids(text: str):
+    """The bundled model's token ids of ``text``, as SGLang's tokenizer manager makes them."""
+    return _tokenizer().encode(text)
+
+
+def force(server, prompt_ids, refs, rec_dir, **sampling):
+    """Teacher forcing through the server's real decode (sglang_zipage.forcing; the server
+    needs --enable-custom-logit-processor): request i decodes refs[i] token by token. Returns
+    one record per request: per step the raw log-probability of the reference token
+    (``logprob``), the top-1 token (``top1``) and the compactions before it
+    (``compactions_before``), plus the response's ``meta_info``."""
+    from sglang_zipage.forcing import ForceReference
+
+    rec_dir = Path(rec_dir)
+    rec_dir.mkdir(parents=True, exist_ok=True)
+    keys = [f"{os.getpid()}-{time.monotonic_ns()}-{i}" for i in range(len(refs))]
+    params = [{"temperature": 0, "max_new_tokens": len(ref), "ignore_eos": True, **sampling,
+               "custom_params": {"ref": list(ref), "out": str(rec_dir), "key": key}}
+              for ref, key in zip(refs, keys)]
+    outs = server.generate_ids(prompt_ids, params,
+                               custom_logit_processor=[ForceReference.to_str()] * len(refs))
+    records = []
+    for key, ref, out in zip(keys, refs, outs):
+        assert out["output_ids"] == list(ref), "the server did not emit the forced tokens"
+        rec = json.loads((rec_dir / f"{key}.json").read_text())
+        rec["meta_info"] = out["meta_info"]
+        records.append(rec)
+    return records
+
+
+def top1_agreement(record, ref) -> float:
+    """Share of forced steps whose top-1 token is the reference token. For a reference that
+    is the model's own greedy full-KV continuation this is 1 with full KV, by construction
+    (up to near-ties), and falls as compression loses what the model needs."""
+    return sum(t == r for t, r in zip(record["top1"], ref)) / len(ref)
 
 
 def assert_healthy(server):

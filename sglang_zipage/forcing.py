@@ -20,7 +20,8 @@ reference token is forced: ``{out}/{key}.json``.
 The step index is a per-request call counter (``req._fid_calls``). It equals
 ``len(req.output_ids)`` without the overlap scheduler (the runner disables it); each record
 keeps both so that a mismatch shows. The class is pickled by reference (dill): the scheduler
-process must import this module, so the runner puts this folder on PYTHONPATH.
+process imports it from this package. Used by the fidelity benchmark and by the e2e tests
+that compare compressed decoding with full KV (tests/e2e/zipage_server.py).
 """
 
 from __future__ import annotations
