@@ -44,7 +44,7 @@ from sglang_zipage.kernels import scores as scores_mod  # noqa: E402
 from sglang_zipage.kernels.compaction import compact_kv  # noqa: E402
 from sglang_zipage.kernels.scores import window_attention_scores  # noqa: E402
 from sglang_zipage import scoring as scoring_mod  # noqa: E402
-from sglang_zipage.scoring import ScoringParams, score_tokens  # noqa: E402
+from sglang_zipage.scoring import LayerKV, ScoringParams, score_tokens  # noqa: E402
 
 FULL = dict(layers=36, hq=32, hkv=8, d=128, s=2304, k=2048, batches=[1, 8, 32], w=16,
             q_bs=256, dtype=torch.bfloat16, iters=10, copy_bytes=2 << 30)
@@ -175,7 +175,7 @@ def bench_pipeline(cfg, pool, b):
     scale = cfg["d"] ** -0.5
 
     def scoring():
-        return score_tokens(params, q, pool.k, pool.sb, src, lens, n_stored, first, scale)
+        return score_tokens(params, q, LayerKV(pool.k, pool.v), pool.sb, src, lens, n_stored, first, scale)
 
     def full():
         final, g = scoring()

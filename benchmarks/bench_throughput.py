@@ -35,7 +35,7 @@ CPU check (2-layer Qwen3 written to a temp folder; about 3 minutes):
       --window-start-s 10 --window-end-s 30 --out /tmp/tp.json --png /tmp/tp.png
 H200 with two GPUs (nvidia-h200-x2), both engines at the same time, one per GPU, one call
 (this produced benchmarks/results/throughput-h200.json):
-  source .devbundle/install.sh && python3 benchmarks/bench_throughput.py --parallel \
+  source benchmarks/device_env.sh && python3 benchmarks/bench_throughput.py --parallel \
       --load steady --disable-prefill-cuda-graph --window-start-s 150 --window-end-s 330 \
       --call-budget-s 540 --commit SHA --out $OUT/throughput-h200.json
 One GPU: drop --parallel (stock, then zipage, in one process), or one engine per call

@@ -1,70 +1,37 @@
 """Zipage compression kernels: Triton ops and their torch twins.
 
 Ops (each has a twin `<op>_ref` in `reference.py` with the same signature):
-  window_attention_scores(q_window, k_buffers, src_slots, src_lens, sm_scale)
+  window_attention_scores(q_window, k_buffers, src_slots, src_lens, sm_scale,
+                          key_dtype=None, key_scales=None)
       -> [L, R, Hkv, S_max] float32 attention score of each compressible token.
   compact_kv(k_buffers, v_buffers, score_buffers, src_slots, keep, dst_slots, kept_scores)
       -> None; moves each head's kept tokens into dst_slots, in place.
   select_topk(scores, k) -> [L, R, Hkv, k] int64 kept positions (torch only).
 
-Backend switch, read at every call: SGLANG_ZIPAGE_KERNELS = "triton" | "ref".
-Unset: "triton" for CUDA tensors, "ref" for CPU tensors. "triton" on CPU needs
-TRITON_INTERPRET=1 set before the first launch.
+Backend switch (``SGLANG_ZIPAGE_KERNELS`` = triton | ref): dispatch.py.
+
+This folder is the repository's top-level ``kernels/``, installed as the package
+``sglang_zipage.kernels`` (pyproject.toml, package-dir): PyPI's ``kernels``, which SGLang
+and transformers import, owns the top-level name.
 """
 
-from __future__ import annotations
+if __name__ == "kernels":
+    # Imported as a top-level ``kernels``: a process started in the repository root has
+    # this folder on sys.path, where it would shadow PyPI's ``kernels``. Hand the name to
+    # that package, in this module's place in sys.modules.
+    import importlib.machinery
+    import importlib.util
+    import os
+    import sys
 
-import os
-
-import torch
-
-from sglang_zipage.kernels import reference
-from sglang_zipage.kernels.reference import (
-    compact_kv_ref,
-    select_topk,
-    window_attention_scores_ref,
-)
-
-ENV_BACKEND = "SGLANG_ZIPAGE_KERNELS"
-
-__all__ = [
-    "ENV_BACKEND",
-    "backend_for",
-    "compact_kv",
-    "compact_kv_ref",
-    "select_topk",
-    "window_attention_scores",
-    "window_attention_scores_ref",
-]
-
-
-def backend_for(device: torch.device) -> str:
-    """'triton' or 'ref': the env switch, else by device type."""
-    choice = os.environ.get(ENV_BACKEND, "").strip().lower()
-    if choice in ("triton", "ref"):
-        return choice
-    if choice:
-        raise ValueError(f"{ENV_BACKEND}={choice!r}: expected 'triton' or 'ref'")
-    return "triton" if device.type == "cuda" else "ref"
-
-
-def window_attention_scores(q_window, k_buffers, src_slots, src_lens, sm_scale):
-    """See reference.window_attention_scores_ref for the contract."""
-    if backend_for(q_window.device) == "ref":
-        return window_attention_scores_ref(q_window, k_buffers, src_slots, src_lens, sm_scale)
-    from sglang_zipage.kernels.scores import window_attention_scores as op
-
-    return op(q_window, k_buffers, src_slots, src_lens, sm_scale)
-
-
-def compact_kv(k_buffers, v_buffers, score_buffers, src_slots, keep, dst_slots, kept_scores):
-    """See reference.compact_kv_ref for the contract."""
-    if backend_for(keep.device) == "ref":
-        return compact_kv_ref(k_buffers, v_buffers, score_buffers, src_slots, keep, dst_slots, kept_scores)
-    from sglang_zipage.kernels.compaction import compact_kv as op
-
-    return op(k_buffers, v_buffers, score_buffers, src_slots, keep, dst_slots, kept_scores)
-
-
-window_attention_scores.__doc__ = reference.window_attention_scores_ref.__doc__
-compact_kv.__doc__ = reference.compact_kv_ref.__doc__
+    _root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    _path = [p for p in sys.path if os.path.abspath(p or os.curdir) != _root]
+    _spec = importlib.machinery.PathFinder.find_spec("kernels", _path)
+    if _spec is None:
+        raise ModuleNotFoundError("No module named 'kernels'", name="kernels")
+    _module = importlib.util.module_from_spec(_spec)
+    sys.modules["kernels"] = _module
+    _spec.loader.exec_module(_module)
+else:
+    from sglang_zipage.kernels.dispatch import *  # noqa: F401,F403
+    from sglang_zipage.kernels.dispatch import __all__  # noqa: F401

@@ -47,7 +47,7 @@ def _compact_kv_kernel(
     stride_kept_l, stride_kept_r, stride_kept_h,
     stride_s, stride_h, stride_ss, stride_sh,
     HKV: tl.constexpr, D: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_J: tl.constexpr,
-    KV_DTYPE: tl.constexpr, HAS_SCORES: tl.constexpr,
+    KV_DTYPE: tl.constexpr, HAS_SCORES: tl.constexpr, HAS_V: tl.constexpr,
 ):
     pid = tl.program_id(0)
     h = pid % HKV
@@ -71,11 +71,13 @@ def _compact_kv_kernel(
         move = (j_ok & (src != dst))[:, None] & d_ok[None, :]
         col = h * stride_h + d[None, :]
         k_rows = tl.load(k_base + src[:, None] * stride_s + col, mask=move)
-        v_rows = tl.load(v_base + src[:, None] * stride_s + col, mask=move)
+        if HAS_V:
+            v_rows = tl.load(v_base + src[:, None] * stride_s + col, mask=move)
         # All loads of this block before any store of it (see module docstring).
         tl.debug_barrier()
         tl.store(k_base + dst[:, None] * stride_s + col, k_rows, mask=move)
-        tl.store(v_base + dst[:, None] * stride_s + col, v_rows, mask=move)
+        if HAS_V:
+            tl.store(v_base + dst[:, None] * stride_s + col, v_rows, mask=move)
         if HAS_SCORES:
             kept = tl.load(kept_row + j, mask=j_ok, other=0.0)
             tl.store(s_base + dst * stride_ss + h * stride_sh, kept, mask=j_ok)
@@ -83,7 +85,7 @@ def _compact_kv_kernel(
 
 def compact_kv(
     k_buffers: Sequence[torch.Tensor],
-    v_buffers: Sequence[torch.Tensor],
+    v_buffers: Optional[Sequence[torch.Tensor]],
     score_buffers: Optional[Sequence[torch.Tensor]],
     src_slots: torch.Tensor,
     keep: torch.Tensor,
@@ -97,7 +99,8 @@ def compact_kv(
 
     Args:
         k_buffers, v_buffers: L tensors [slots, Hkv, D], one dtype (fp16/bf16/fp32/uint8),
-            all layers with the same shape and strides, last dim contiguous.
+            all layers with the same shape and strides, last dim contiguous; v_buffers
+            None when the key row holds the value too (MLA's latent row).
         score_buffers: L tensors [slots, Hkv] float32, or None.
         src_slots: [R, S_max] int64, rows contiguous.
         keep: [L, R, Hkv, K] int64, strictly ascending per row, values in
@@ -115,13 +118,17 @@ def compact_kv(
         raise ValueError(f"keep: expected [L, R, Hkv, K], got {tuple(keep.shape)}")
     n_layers, n_req, hkv, k_keep = keep.shape
     check_layer_buffers("k_buffers", k_buffers, 3)
-    check_layer_buffers("v_buffers", v_buffers, 3)
     k0 = k_buffers[0]
     device = k0.device
-    if len(k_buffers) != n_layers or len(v_buffers) != n_layers:
-        raise ValueError(f"k/v_buffers: {len(k_buffers)}/{len(v_buffers)} layers, keep has {n_layers}")
-    if v_buffers[0].shape != k0.shape or v_buffers[0].stride() != k0.stride() or v_buffers[0].dtype != k0.dtype:
-        raise ValueError("v_buffers must match k_buffers in shape, strides and dtype")
+    if len(k_buffers) != n_layers:
+        raise ValueError(f"k_buffers: {len(k_buffers)} layers, keep has {n_layers}")
+    has_v = v_buffers is not None
+    if has_v:
+        check_layer_buffers("v_buffers", v_buffers, 3)
+        if len(v_buffers) != n_layers:
+            raise ValueError(f"v_buffers: {len(v_buffers)} layers, keep has {n_layers}")
+        if v_buffers[0].shape != k0.shape or v_buffers[0].stride() != k0.stride() or v_buffers[0].dtype != k0.dtype:
+            raise ValueError("v_buffers must match k_buffers in shape, strides and dtype")
     if k0.shape[1] != hkv:
         raise ValueError(f"keep has {hkv} heads, k_buffers have {k0.shape[1]}")
     check_tensor("src_slots", src_slots, (n_req, None), (torch.int64,), device)
@@ -145,7 +152,7 @@ def compact_kv(
     s0 = score_buffers[0] if has_scores else k0
     kept = kept_scores if has_scores else keep
     _compact_kv_kernel[(n_layers * n_req * hkv,)](
-        layer_ptr_table(k_buffers), layer_ptr_table(v_buffers),
+        layer_ptr_table(k_buffers), layer_ptr_table(v_buffers if has_v else k_buffers),
         layer_ptr_table(score_buffers) if has_scores else layer_ptr_table(k_buffers),
         src_slots, keep, dst_slots, kept,
         n_req, k_keep,
@@ -154,5 +161,6 @@ def compact_kv(
         kept.stride(0), kept.stride(1), kept.stride(2),
         k0.stride(0), k0.stride(1), s0.stride(0), s0.stride(1),
         HKV=hkv, D=k0.shape[2], BLOCK_D=next_pow2(k0.shape[2]), BLOCK_J=block_j,
-        KV_DTYPE=triton_dtype(k0.dtype), HAS_SCORES=has_scores, num_warps=num_warps,
+        KV_DTYPE=triton_dtype(k0.dtype), HAS_SCORES=has_scores, HAS_V=has_v,
+        num_warps=num_warps,
     )

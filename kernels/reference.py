@@ -28,15 +28,20 @@ def window_attention_scores_ref(
     src_slots: torch.Tensor,
     src_lens: torch.Tensor,
     sm_scale: float,
+    key_dtype: Optional[torch.dtype] = None,
+    key_scales: Optional[torch.Tensor] = None,
 ) -> torch.Tensor:
     """Attention that the last W queries pay to each compressible token.
 
     Args:
         q_window: [L, R, W, Hq, D] model dtype, post-RoPE queries.
-        k_buffers: L tensors [slots, Hkv, D] model dtype; q_window[l] reads k_buffers[l].
+        k_buffers: L tensors [slots, Hkv, D]; q_window[l] reads k_buffers[l]. The model
+            dtype, or uint8 holding key_dtype (FP8 KV, as SGLang stores it).
         src_slots: [R, S_max] int64 slot ids in sequence order; index >= src_lens[r] is padding.
         src_lens: [R] int32/int64, 1 <= src_lens[r] <= S_max.
         sm_scale: logit scale (usually D ** -0.5).
+        key_dtype: None, or the FP8 type (float8_e4m3fn / float8_e5m2) of uint8 keys.
+        key_scales: None, or [L] float32: key = stored * key_scales[l] (FP8 k_scale).
 
     Returns:
         [L, R, Hkv, S_max] float32. For each query (w, q-head): softmax over the
@@ -49,7 +54,8 @@ def window_attention_scores_ref(
     valid = pos[None, :] < src_lens.to(pos.device)[:, None]  # [R, S_max]
     out = []
     for layer in range(n_layers):
-        k = k_buffers[layer][src_slots].float()  # [R, S, Hkv, D]
+        k = dequantize_keys(k_buffers[layer][src_slots], key_dtype, key_scales, layer)  # [R, S, Hkv, D]
+        k = k.to(q_window.dtype).float()  # the kernel dots keys in the query dtype
         hkv = k.shape[2]
         q = q_window[layer].float().view(n_req, w, hkv, hq // hkv, d)
         logits = torch.einsum("rwhgd,rshd->rhwgs", q, k) * sm_scale
@@ -60,9 +66,18 @@ def window_attention_scores_ref(
     return torch.stack(out)
 
 
+def dequantize_keys(keys: torch.Tensor, key_dtype: Optional[torch.dtype],
+                    key_scales: Optional[torch.Tensor], layer: int) -> torch.Tensor:
+    """float32 keys: uint8 storage read as key_dtype (FP8) times key_scales[layer]."""
+    if key_dtype is None:
+        return keys.float()
+    k = keys.view(key_dtype).float()
+    return k if key_scales is None else k * key_scales[layer].to(k.device)
+
+
 def compact_kv_ref(
     k_buffers: Sequence[torch.Tensor],
-    v_buffers: Sequence[torch.Tensor],
+    v_buffers: Optional[Sequence[torch.Tensor]],
     score_buffers: Optional[Sequence[torch.Tensor]],
     src_slots: torch.Tensor,
     keep: torch.Tensor,
@@ -72,7 +87,8 @@ def compact_kv_ref(
     """Move each head's kept tokens into the destination slots, in place.
 
     Args:
-        k_buffers, v_buffers: L tensors [slots, Hkv, D] (any dtype), modified in place.
+        k_buffers, v_buffers: L tensors [slots, Hkv, D] (any dtype), modified in place;
+            v_buffers None when the key row holds the value too (MLA's latent row).
         score_buffers: L tensors [slots, Hkv] float32, or None.
         src_slots: [R, S_max] int64 slot ids of the compressible tokens.
         keep: [L, R, Hkv, K] int64, ascending per row, values in [0, src_lens[r]).
@@ -89,7 +105,7 @@ def compact_kv_ref(
         src = torch.gather(
             src_slots[:, None, :].expand(n_req, hkv, -1), 2, keep[layer]
         )  # [R, Hkv, K] slot ids
-        for buf in (k_buffers[layer], v_buffers[layer]):
+        for buf in (k_buffers[layer],) + ((v_buffers[layer],) if v_buffers is not None else ()):
             rows = buf[src, heads].clone()  # gather all ...
             buf[dst, heads] = rows  # ... then scatter
         if score_buffers is not None and kept_scores is not None:

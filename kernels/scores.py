@@ -3,17 +3,23 @@
 Two launches cover every layer, request and KV head; K is read through the
 slot list and never gathered into a copy.
 
-  pass 1 `_window_lse_kernel`, grid (L*R*Hkv, n_splits): for each query row
-      (g, w) of a KV group, the running max m and sum l of exp2 over the keys of
-      one split of the sequence (online softmax, base 2).
+  pass 1 `_window_lse_kernel`, grid (L*R*Hkv, n_splits, n_gchunks): for each query
+      row (g, w) of GC heads of a KV group, the running max m and sum l of exp2
+      over the keys of one split of the sequence (online softmax, base 2).
   pass 2 `_window_probs_kernel`, grid (L*R*Hkv, cdiv(S_max, BLOCK_S)): merges the
       split partials into a log-sum-exp per row, recomputes the logits of one
       key block, and reduces p = exp2(x - lse) with max over the G heads of the
       group, then mean over the W queries.
 
 Query rows are laid out g-major: row = g * WP + w, padded to WP = pow2 >= 16
-(tl.dot needs 16 rows) and GP = pow2(G). Padded rows load q = 0, which keeps
-every number finite; they are dropped before the output is written.
+(tl.dot needs 16 rows); a program of pass 1 takes GC heads (GC * WP <= 64 rows
+where the group allows), so a wide group (MLA: every query head shares one latent
+KV head) is split over programs instead of one huge tile. Padded rows load q = 0,
+which keeps every number finite; they are dropped before the output is written.
+The head dim is walked in NUM_D chunks of BLOCK_D (one chunk up to 128: MHA; five
+for MLA's 576-wide latent rows), the logits summed over chunks.
+FP8 KV is stored as uint8: KEY_FP8 1 (e4m3) / 2 (e5m2) bitcasts it, multiplies by the
+layer's k_scale and rounds to the query dtype before the dot.
 Twin: reference.window_attention_scores_ref.
 """
 
@@ -35,22 +41,26 @@ from sglang_zipage.kernels.utils import (
 )
 
 _LOG2E = 1.4426950408889634
+FP8_CODES = {torch.float8_e4m3fn: 1, torch.float8_e5m2: 2}
+MAX_BLOCK_D = 128  # head-dim chunk: larger rows (MLA 576) are walked in chunks
 
 
 @lazy_jit
 def _window_lse_kernel(
-    q_ptr, k_table, src_slots_ptr, src_lens_ptr, m_ptr, l_ptr,
+    q_ptr, k_table, scale_ptr, src_slots_ptr, src_lens_ptr, m_ptr, l_ptr,
     R, chunks_per_split,
     stride_ql, stride_qr, stride_qw, stride_qh,
     stride_ks, stride_kh, stride_src_r,
     qk_scale,
     W: tl.constexpr, G: tl.constexpr, HKV: tl.constexpr, WP: tl.constexpr,
-    GP: tl.constexpr, D: tl.constexpr, BLOCK_D: tl.constexpr,
-    BLOCK_S: tl.constexpr, N_SPLITS: tl.constexpr,
+    GP: tl.constexpr, GC: tl.constexpr, D: tl.constexpr, BLOCK_D: tl.constexpr,
+    NUM_D: tl.constexpr, BLOCK_S: tl.constexpr, N_SPLITS: tl.constexpr,
     KV_DTYPE: tl.constexpr, PRECISION: tl.constexpr,
+    KEY_FP8: tl.constexpr, Q_DTYPE: tl.constexpr,
 ):
     pid = tl.program_id(0)
     split = tl.program_id(1)
+    gchunk = tl.program_id(2)
     h = pid % HKV
     r = (pid // HKV) % R
     layer = pid // (HKV * R)
@@ -58,50 +68,64 @@ def _window_lse_kernel(
     # One launch reads every layer: entry `layer` of the table is that layer's K base.
     # Torch allocations are >= 256-byte aligned; the hint keeps K loads 16-byte wide.
     k_base = tl.multiple_of(tl.load(k_table + layer).to(tl.pointer_type(KV_DTYPE)), 16)
+    k_scale = 1.0
+    if KEY_FP8:
+        k_scale = tl.load(scale_ptr + layer)
 
-    rows = tl.arange(0, WP * GP)
-    g = rows // WP
+    rows = tl.arange(0, WP * GC)
+    g = gchunk * GC + rows // WP
     w = rows % WP
     row_ok = (g < G) & (w < W)
-    d = tl.arange(0, BLOCK_D)
-    d_ok = d < D
     q_off = layer.to(tl.int64) * stride_ql + r * stride_qr + w * stride_qw + (h * G + g) * stride_qh
-    q = tl.load(q_ptr + q_off[:, None] + d[None, :], mask=row_ok[:, None] & d_ok[None, :], other=0.0)
+    if NUM_D == 1:  # the whole head dim in one tile: load the queries once
+        d = tl.arange(0, BLOCK_D)
+        q = tl.load(q_ptr + q_off[:, None] + d[None, :], mask=row_ok[:, None] & (d < D)[None, :],
+                    other=0.0)
 
-    m_i = tl.full([WP * GP], float("-inf"), tl.float32)
-    l_i = tl.zeros([WP * GP], tl.float32)
+    m_i = tl.full([WP * GC], float("-inf"), tl.float32)
+    l_i = tl.zeros([WP * GC], tl.float32)
     c_begin = split * chunks_per_split
     c_end = tl.minimum(c_begin + chunks_per_split, (length + BLOCK_S - 1) // BLOCK_S)
     for c in range(c_begin, c_end):
         s = c * BLOCK_S + tl.arange(0, BLOCK_S)
         s_ok = s < length
         slot = tl.load(src_slots_ptr + r * stride_src_r + s, mask=s_ok, other=0)
-        k = tl.load(
-            k_base + slot[:, None] * stride_ks + h * stride_kh + d[None, :],
-            mask=s_ok[:, None] & d_ok[None, :], other=0.0,
-        )
-        x = tl.dot(q, tl.trans(k), input_precision=PRECISION) * qk_scale
-        x = tl.where(s_ok[None, :], x, float("-inf"))
+        x = tl.zeros([WP * GC, BLOCK_S], tl.float32)
+        for dc in tl.static_range(NUM_D):
+            d = dc * BLOCK_D + tl.arange(0, BLOCK_D)
+            d_ok = d < D
+            if NUM_D > 1:
+                q = tl.load(q_ptr + q_off[:, None] + d[None, :],
+                            mask=row_ok[:, None] & d_ok[None, :], other=0.0)
+            k = tl.load(k_base + slot[:, None] * stride_ks + h * stride_kh + d[None, :],
+                        mask=s_ok[:, None] & d_ok[None, :], other=0)
+            if KEY_FP8 == 1:
+                k = (k.to(tl.float8e4nv, bitcast=True).to(tl.float32) * k_scale).to(Q_DTYPE)
+            elif KEY_FP8 == 2:
+                k = (k.to(tl.float8e5, bitcast=True).to(tl.float32) * k_scale).to(Q_DTYPE)
+            x += tl.dot(q, tl.trans(k), input_precision=PRECISION)
+        x = tl.where(s_ok[None, :], x * qk_scale, float("-inf"))
         # Every visited block holds >= 1 valid key, so m_new is finite.
         m_new = tl.maximum(m_i, tl.max(x, 1))
         l_i = l_i * tl.exp2(m_i - m_new) + tl.sum(tl.exp2(x - m_new[:, None]), 1)
         m_i = m_new
-    out = (pid * N_SPLITS + split) * (WP * GP) + rows
+    out = (pid * N_SPLITS + split) * (WP * GP) + gchunk * (WP * GC) + rows
     tl.store(m_ptr + out, m_i)
     tl.store(l_ptr + out, l_i)
 
 
 @lazy_jit
 def _window_probs_kernel(
-    q_ptr, k_table, src_slots_ptr, src_lens_ptr, m_ptr, l_ptr, out_ptr,
+    q_ptr, k_table, scale_ptr, src_slots_ptr, src_lens_ptr, m_ptr, l_ptr, out_ptr,
     R, S_max,
     stride_ql, stride_qr, stride_qw, stride_qh,
     stride_ks, stride_kh, stride_src_r,
     qk_scale,
     W: tl.constexpr, G: tl.constexpr, HKV: tl.constexpr, WP: tl.constexpr,
-    GP: tl.constexpr, D: tl.constexpr, BLOCK_D: tl.constexpr,
+    GP: tl.constexpr, D: tl.constexpr, BLOCK_D: tl.constexpr, NUM_D: tl.constexpr,
     BLOCK_S: tl.constexpr, N_SPLITS: tl.constexpr, SPLITS_P: tl.constexpr,
     KV_DTYPE: tl.constexpr, PRECISION: tl.constexpr,
+    KEY_FP8: tl.constexpr, Q_DTYPE: tl.constexpr,
 ):
     pid = tl.program_id(0)
     block = tl.program_id(1)
@@ -110,16 +134,21 @@ def _window_probs_kernel(
     layer = pid // (HKV * R)
     length = tl.load(src_lens_ptr + r).to(tl.int32)
     k_base = tl.multiple_of(tl.load(k_table + layer).to(tl.pointer_type(KV_DTYPE)), 16)
+    k_scale = 1.0
+    if KEY_FP8:
+        k_scale = tl.load(scale_ptr + layer)
 
     s = block * BLOCK_S + tl.arange(0, BLOCK_S)
     s_ok = s < length
-    d = tl.arange(0, BLOCK_D)
-    d_ok = d < D
     slot = tl.load(src_slots_ptr + r * stride_src_r + s, mask=s_ok, other=0)
-    k = tl.load(
-        k_base + slot[:, None] * stride_ks + h * stride_kh + d[None, :],
-        mask=s_ok[:, None] & d_ok[None, :], other=0.0,
-    )
+    if NUM_D == 1:  # the whole head dim in one tile: load the keys once for every head
+        d = tl.arange(0, BLOCK_D)
+        k = tl.load(k_base + slot[:, None] * stride_ks + h * stride_kh + d[None, :],
+                    mask=s_ok[:, None] & (d < D)[None, :], other=0)
+        if KEY_FP8 == 1:
+            k = (k.to(tl.float8e4nv, bitcast=True).to(tl.float32) * k_scale).to(Q_DTYPE)
+        elif KEY_FP8 == 2:
+            k = (k.to(tl.float8e5, bitcast=True).to(tl.float32) * k_scale).to(Q_DTYPE)
     w = tl.arange(0, WP)
     w_ok = w < W
     sp = tl.arange(0, SPLITS_P)
@@ -127,17 +156,26 @@ def _window_probs_kernel(
     sp_ok = (sp < N_SPLITS)[:, None]
     q_row = layer.to(tl.int64) * stride_ql + r * stride_qr + w * stride_qw
     best = tl.zeros([WP, BLOCK_S], tl.float32)
-    for g in tl.static_range(G):
-        q = tl.load(
-            q_ptr + (q_row + (h * G + g) * stride_qh)[:, None] + d[None, :],
-            mask=w_ok[:, None] & d_ok[None, :], other=0.0,
-        )
+    for g in range(G):
         m_p = tl.load(m_ptr + part + g * WP, mask=sp_ok, other=float("-inf"))
         l_p = tl.load(l_ptr + part + g * WP, mask=sp_ok, other=0.0)
         m_max = tl.max(m_p, 0)  # split 0 always holds key 0: finite
         lse = m_max + tl.log2(tl.sum(l_p * tl.exp2(m_p - m_max[None, :]), 0))
-        x = tl.dot(q, tl.trans(k), input_precision=PRECISION) * qk_scale
-        best = tl.maximum(best, tl.exp2(x - lse[:, None]))  # max over the group
+        x = tl.zeros([WP, BLOCK_S], tl.float32)
+        for dc in tl.static_range(NUM_D):
+            d = dc * BLOCK_D + tl.arange(0, BLOCK_D)
+            d_ok = d < D
+            q = tl.load(q_ptr + (q_row + (h * G + g) * stride_qh)[:, None] + d[None, :],
+                        mask=w_ok[:, None] & d_ok[None, :], other=0.0)
+            if NUM_D > 1:
+                k = tl.load(k_base + slot[:, None] * stride_ks + h * stride_kh + d[None, :],
+                            mask=s_ok[:, None] & d_ok[None, :], other=0)
+                if KEY_FP8 == 1:
+                    k = (k.to(tl.float8e4nv, bitcast=True).to(tl.float32) * k_scale).to(Q_DTYPE)
+                elif KEY_FP8 == 2:
+                    k = (k.to(tl.float8e5, bitcast=True).to(tl.float32) * k_scale).to(Q_DTYPE)
+            x += tl.dot(q, tl.trans(k), input_precision=PRECISION)
+        best = tl.maximum(best, tl.exp2(x * qk_scale - lse[:, None]))  # max over the group
     best = tl.where(w_ok[:, None] & s_ok[None, :], best, 0.0)
     score = tl.sum(best, 0) / W  # mean over the window
     tl.store(out_ptr + pid.to(tl.int64) * S_max + s, score, mask=s < S_max)
@@ -160,6 +198,8 @@ def window_attention_scores(
     src_slots: torch.Tensor,
     src_lens: torch.Tensor,
     sm_scale: float,
+    key_dtype: Optional[torch.dtype] = None,
+    key_scales: Optional[torch.Tensor] = None,
     *,
     config: Optional[dict] = None,
 ) -> torch.Tensor:
@@ -167,13 +207,15 @@ def window_attention_scores(
 
     Args:
         q_window: [L, R, W, Hq, D] fp16/bf16/fp32, last dim contiguous, post-RoPE.
-        k_buffers: L tensors [slots, Hkv, D], the dtype of q_window; all layers share
-            shape and strides.
+        k_buffers: L tensors [slots, Hkv, D], the dtype of q_window, or uint8 holding
+            key_dtype (FP8 KV); all layers share shape and strides.
         src_slots: [R, S_max] int64, contiguous rows; entries >= src_lens[r] are
             padding and never read as keys.
         src_lens: [R] int32/int64 with 1 <= src_lens[r] <= S_max (not checked on the
             device: a 0 length gives NaN for that request).
         sm_scale: float logit scale.
+        key_dtype: None, or torch.float8_e4m3fn / float8_e5m2 for uint8 keys.
+        key_scales: [L] float32 (FP8 k_scale per layer), or None (1).
         config: launch tuning only: {"lse": (BLOCK_S, num_warps), "probs": (...),
             "n_splits": int}; missing keys use TUNING and a split heuristic.
 
@@ -181,7 +223,7 @@ def window_attention_scores(
         [L, R, Hkv, S_max] float32; softmax over keys in fp32, max over the G query
         heads of each KV group, mean over W; padding entries are 0.
     """
-    _check_inputs(q_window, k_buffers, src_slots, src_lens)
+    _check_inputs(q_window, k_buffers, src_slots, src_lens, key_dtype, key_scales)
     n_layers, n_req, w, hq, d = q_window.shape
     device = q_window.device
     hkv = k_buffers[0].shape[1]
@@ -192,45 +234,51 @@ def window_attention_scores(
 
     config = config or {}
     g = hq // hkv
-    wp, gp = max(16, next_pow2(w)), next_pow2(g)
-    rows = wp * gp
+    wp = max(16, next_pow2(w))
+    gc = min(next_pow2(g), max(1, 64 // wp))  # heads per pass-1 program
+    n_gchunks = triton_cdiv(g, gc)
+    gp = n_gchunks * gc  # rows of a group in the partials, padded
+    block_d = min(max(16, next_pow2(d)), MAX_BLOCK_D)
+    rows = wp * gc
     lse_block, lse_warps = config.get("lse", TUNING[("lse", rows <= 64)])
-    probs_block, probs_warps = config.get("probs", TUNING[("probs", rows <= 64)])
+    probs_block, probs_warps = config.get("probs", TUNING[("probs", wp * next_pow2(g) <= 64)])
     lrh = n_layers * n_req * hkv
     n_chunks = triton_cdiv(s_max, lse_block)
     # Enough pass-1 programs to fill the GPU about 4 times over.
-    n_splits = config.get("n_splits") or triton_cdiv(4 * num_sms(device), lrh)
+    n_splits = config.get("n_splits") or triton_cdiv(4 * num_sms(device), lrh * n_gchunks)
     n_splits = max(1, min(n_splits, n_chunks))
     chunks_per_split = triton_cdiv(n_chunks, n_splits)
     n_splits = triton_cdiv(n_chunks, chunks_per_split)
 
-    m_part = torch.empty(lrh, n_splits, rows, dtype=torch.float32, device=device)
+    m_part = torch.empty(lrh, n_splits, wp * gp, dtype=torch.float32, device=device)
     l_part = torch.empty_like(m_part)
     table = layer_ptr_table(k_buffers)
+    scales = key_scales if key_scales is not None else out  # read only with FP8 keys
     k0 = k_buffers[0]
     common = dict(
         stride_ql=q_window.stride(0), stride_qr=q_window.stride(1),
         stride_qw=q_window.stride(2), stride_qh=q_window.stride(3),
         stride_ks=k0.stride(0), stride_kh=k0.stride(1), stride_src_r=src_slots.stride(0),
         qk_scale=float(sm_scale) * _LOG2E,
-        W=w, G=g, HKV=hkv, WP=wp, GP=gp, D=d, BLOCK_D=max(16, next_pow2(d)),
-        N_SPLITS=n_splits, KV_DTYPE=triton_dtype(q_window.dtype),
+        W=w, G=g, HKV=hkv, WP=wp, GP=gp, D=d, BLOCK_D=block_d, NUM_D=triton_cdiv(d, block_d),
+        N_SPLITS=n_splits, KV_DTYPE=triton_dtype(k0.dtype),
         # fp32 inputs: exact fp32 products rather than the TF32 default of tl.dot.
         PRECISION="ieee" if q_window.dtype == torch.float32 else "tf32",
+        KEY_FP8=FP8_CODES.get(key_dtype, 0), Q_DTYPE=triton_dtype(q_window.dtype),
     )
-    _window_lse_kernel[(lrh, n_splits)](
-        q_window, table, src_slots, src_lens, m_part, l_part,
-        n_req, chunks_per_split, BLOCK_S=lse_block, num_warps=lse_warps, **common,
+    _window_lse_kernel[(lrh, n_splits, n_gchunks)](
+        q_window, table, scales, src_slots, src_lens, m_part, l_part,
+        n_req, chunks_per_split, GC=gc, BLOCK_S=lse_block, num_warps=lse_warps, **common,
     )
     _window_probs_kernel[(lrh, triton_cdiv(s_max, probs_block))](
-        q_window, table, src_slots, src_lens, m_part, l_part, out,
+        q_window, table, scales, src_slots, src_lens, m_part, l_part, out,
         n_req, s_max, SPLITS_P=max(2, next_pow2(n_splits)),
         BLOCK_S=probs_block, num_warps=probs_warps, **common,
     )
     return out
 
 
-def _check_inputs(q_window, k_buffers, src_slots, src_lens) -> None:
+def _check_inputs(q_window, k_buffers, src_slots, src_lens, key_dtype, key_scales) -> None:
     if q_window.dim() != 5:
         raise ValueError(f"q_window: expected [L, R, W, Hq, D], got {tuple(q_window.shape)}")
     n_layers, n_req, _, hq, d = q_window.shape
@@ -240,7 +288,12 @@ def _check_inputs(q_window, k_buffers, src_slots, src_lens) -> None:
     _, hkv, d_k = k_buffers[0].shape
     if d_k != d or hq % hkv != 0:
         raise ValueError(f"q_window heads/dim {hq}/{d} do not fit k_buffers heads/dim {hkv}/{d_k}")
-    check_tensor("k_buffers[0]", k_buffers[0], (None, hkv, d), (q_window.dtype,), q_window.device)
+    if key_dtype is not None and key_dtype not in FP8_CODES:
+        raise ValueError(f"key_dtype: expected None or one of {list(FP8_CODES)}, got {key_dtype}")
+    k_dtype = torch.uint8 if key_dtype is not None else q_window.dtype
+    check_tensor("k_buffers[0]", k_buffers[0], (None, hkv, d), (k_dtype,), q_window.device)
+    if key_scales is not None:
+        check_tensor("key_scales", key_scales, (n_layers,), (torch.float32,), q_window.device)
     if q_window.stride(-1) != 1:
         raise ValueError(f"q_window: last dim must be contiguous, strides {q_window.stride()}")
     check_tensor("src_slots", src_slots, (n_req, None), (torch.int64,), q_window.device)

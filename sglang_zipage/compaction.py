@@ -23,7 +23,7 @@ from typing import List, Optional, Sequence
 import torch
 
 from sglang_zipage.budget import check_i2
-from sglang_zipage.scoring import ScoringParams, select_and_compact
+from sglang_zipage.scoring import LayerKV, ScoringParams, select_and_compact
 
 
 @dataclass(frozen=True)
@@ -112,11 +112,11 @@ def commit_shadow(req_to_token: torch.Tensor, req_pool_idx: int, c0: int, snapsh
     row[c0:c0 + k] = fresh.to(row.dtype)
 
 
-def execute(plan: CompactionPlan, params: ScoringParams, q_window: torch.Tensor,
-            k_buffers: Sequence[torch.Tensor], v_buffers: Sequence[torch.Tensor],
+def execute(plan: CompactionPlan, params: ScoringParams, q_window: torch.Tensor, kv: LayerKV,
             score_buffers: Optional[Sequence[torch.Tensor]], sm_scale: float) -> None:
     """Score, select and compact on the current stream. Launches kernels only (C1).
 
-    q_window: [L, R, W, Hq, D], the plan's window rows (``QueryWindow.gather``)."""
-    select_and_compact(params, q_window, k_buffers, v_buffers, score_buffers, plan.src_slots,
-                       plan.src_lens, plan.n_stored, plan.first, sm_scale, plan.dst_slots, plan.k)
+    q_window: [L, R, W, Hq, D], the plan's window rows (``QueryWindow.gather``); kv: the
+    buffers of the pool's layout (kv_layout.py)."""
+    select_and_compact(params, q_window, kv, score_buffers, plan.src_slots, plan.src_lens,
+                       plan.n_stored, plan.first, sm_scale, plan.dst_slots, plan.k)

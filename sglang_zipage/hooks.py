@@ -37,7 +37,7 @@ def _after_alloc_memory_pool(result, model_runner, *args, **kwargs):
 
 def _capture_queries(original, layer, q, k, v, forward_batch, *args, **kwargs):
     if forward_batch.forward_mode.is_decode() and RUNTIME.ready:
-        RUNTIME.capture(layer.layer_id, q, forward_batch)
+        RUNTIME.capture(layer.layer_id, q, kwargs.get("q_rope"), forward_batch)
     return original(layer, q, k, v, forward_batch, *args, **kwargs)
 
 
@@ -233,6 +233,36 @@ def _keep_openai_extra_fields() -> None:
         if model.model_config.get("extra") != "allow":
             model.model_config["extra"] = "allow"
             model.model_rebuild(force=True)
+
+
+# ------------------------------------------------------------- model facts
+def model_facts(model_path: str, *, trust_remote_code: bool = False, revision=None,
+                model_override_args: str = "{}", disable_hybrid_swa_memory: bool = False) -> dict:
+    """What SGLang itself will decide about this model's KV pool, read from its config
+    before any weight loads (the same ModelConfig and classifiers SGLang's KV-cache
+    configurator uses, L413 and configs/hybrid_arch.py), as plain values for
+    model_support.refusals."""
+    from sglang.srt.configs.hybrid_arch import mambaish_config
+    from sglang.srt.configs.model_config import (AttentionArch, ModelConfig, is_deepseek_dsa,
+                                                 is_deepseek_v4)
+
+    mc = ModelConfig(model_path, trust_remote_code=trust_remote_code, revision=revision,
+                     model_override_args=model_override_args,
+                     disable_hybrid_swa_memory=disable_hybrid_swa_memory)
+    text = mc.hf_text_config
+    rope = getattr(text, "rope_scaling", None) or getattr(text, "rope_parameters", None) or {}
+    return {
+        "architecture": (mc.hf_config.architectures or ["?"])[0],
+        "mla": mc.attention_arch == AttentionArch.MLA,
+        "dsa": is_deepseek_dsa(mc.hf_config),
+        "deepseek_v4": is_deepseek_v4(mc.hf_config),
+        "linear_attention": mambaish_config(mc) is not None,
+        "encoder_decoder": bool(mc.is_encoder_decoder),
+        "hybrid_swa": bool(mc.is_hybrid_swa),
+        "chunked_attention": getattr(mc, "attention_chunk_size", None) is not None,
+        "mrope": isinstance(rope, dict) and "mrope_section" in rope,
+        "sliding_window": getattr(text, "sliding_window", None) or 0,
+    }
 
 
 # ------------------------------------------------------------------- install

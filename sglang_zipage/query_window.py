@@ -80,11 +80,13 @@ class QueryWindow:
 
     def write(self, layer: int, q: torch.Tensor, req_pool_indices: torch.Tensor,
               positions: torch.Tensor) -> None:
-        """Store one decode step's queries q: [bs, Hq * D] of layer ``layer``.
+        """Store one decode step's queries q: [bs, Hq, D] of ring layer ``layer`` (the
+        layout maps model layers to ring layers and gives q this shape).
 
-        The ring row of each query is computed once per forward (at layer 0) and reused
-        by the other layers; rows are copied as 8-byte words when the layout allows it
-        (4x fewer elements for bf16 than an element-wise index_put)."""
+        The ring row of each query is computed once per forward (at ring layer 0, the
+        first scored layer to run) and reused by the other layers; rows are copied as
+        8-byte words when the layout allows it (4x fewer elements for bf16 than an
+        element-wise index_put)."""
         if layer == 0 or self._rows is None:
             self._rows = (self.slot_of_rpi[req_pool_indices] * self.window
                           + positions % self.window)

@@ -15,7 +15,7 @@ from typing import List, Optional
 
 import torch
 
-from sglang_zipage import request_budget
+from sglang_zipage import kv_layout, request_budget
 from sglang_zipage.budget import Budget, ReqState, async_lag
 from sglang_zipage.compaction import (CompactionItem, CompactionPlan, commit_shadow, execute,
                                       plan_compaction)
@@ -82,29 +82,31 @@ class ZipageRuntime:
     # ------------------------------------------------------------ setup
     def attach(self, model_runner) -> None:
         """Allocate buffers once the KV pool exists (before CUDA-graph capture)."""
-        pool = model_runner.token_to_kv_pool
         allocator = model_runner.token_to_kv_pool_allocator
         page = allocator.page_size
         cfg = self.config.validate(page_size=page)
+        self.layout = kv_layout.detect(model_runner, cfg.kv_budget,
+                                       async_compaction=cfg.async_compaction)
         lag = async_lag(page) if cfg.async_compaction else 0
         self.budget = Budget(cfg.kv_budget, cfg.buffer, cfg.window, page, lag)
         self.page_size = page
         self.allocator = allocator
-        self.device = torch.device(pool.device)
-        self.k_buffers, self.v_buffers = pool.k_buffer, pool.v_buffer
-        layers, kv_heads, head_dim = len(pool.k_buffer), pool.head_num, pool.head_dim
-        attn = next(m for m in model_runner.model.modules()
-                    if hasattr(m, "tp_q_head_num") and hasattr(m, "scaling"))  # RadixAttention
-        q_heads, self.sm_scale = attn.tp_q_head_num, attn.scaling
+        self.kv = self.layout.kv
+        keys = self.kv.keys[0]
+        self.device = keys.device
+        query = self.layout.query
+        self.sm_scale = query.scale
+        self.ring_rows = self.layout.ring_rows()
+        layers, kv_heads = len(self.kv.keys), keys.shape[1]
         # A slot is held only by requests whose own suffix exceeds the budget, so the pool
         # can never need more slots than this.
         slots = model_runner.max_total_num_tokens // (self.budget.limit - cfg.window) + 1
         rows = model_runner.req_to_token_pool.req_to_token.shape[0]
-        self.window = QueryWindow(layers, slots, rows, cfg.window, q_heads, head_dim,
-                                  pool.dtype, self.device)
+        self.window = QueryWindow(layers, slots, rows, cfg.window, query.heads, query.dim,
+                                  model_runner.dtype, self.device)
         self.score_buffer = None
         if cfg.decay > 0:
-            self.score_buffer = torch.zeros((layers, pool.k_buffer[0].shape[0], kv_heads),
+            self.score_buffer = torch.zeros((layers, keys.shape[0], kv_heads),
                                             dtype=torch.float32, device=self.device)
         extra = self.window.nbytes + (self.score_buffer.numel() * 4 if self.score_buffer is not None else 0)
         self.memory_bytes = extra
@@ -115,29 +117,35 @@ class ZipageRuntime:
             if self.device.type == "cuda":
                 self.side_stream = torch.cuda.Stream(device=self.device)
         if self.device.type == "cuda":
-            self._warm_up(layers, kv_heads, head_dim, pool.dtype)
+            self._warm_up()
         if model_runner.server_args.enable_metrics:
             from sglang_zipage.metrics import ZipageMetrics
 
             self.metrics = ZipageMetrics()
-        logger.info("zipage: budget %d + buffer %d tokens, window %d, %d window slots, "
-                    "page %d; query window + scores use %.1f MiB", cfg.kv_budget, cfg.buffer,
-                    cfg.window, slots, page, extra / 2**20)
+        logger.info("zipage: %s layout %s; budget %d + buffer %d tokens, window %d, %d window "
+                    "slots, page %d; query window + scores use %.1f MiB", self.layout.name,
+                    self.layout.describe(), cfg.kv_budget, cfg.buffer, cfg.window, slots, page,
+                    extra / 2**20)
 
-    def _warm_up(self, layers, kv_heads, head_dim, dtype) -> None:
+    def _warm_up(self) -> None:
         """Compile the Triton kernels now, not in the middle of the first compaction
-        (seconds of JIT with every running request waiting)."""
+        (seconds of JIT with every running request waiting): one compaction on scratch
+        buffers shaped like the pool's."""
         k, s = 2 * self.page_size, 4 * self.page_size
-        scratch = lambda: [torch.zeros((s + 1, kv_heads, head_dim), dtype=dtype, device=self.device)
-                           for _ in range(layers)]
-        scores = [torch.zeros((s + 1, kv_heads), device=self.device)] * layers
+        like = lambda bufs: [torch.zeros((s + 1, *bufs[0].shape[1:]), dtype=bufs[0].dtype,
+                                         device=self.device)] * len(bufs) if bufs else bufs
+        kv = self.kv
+        scratch = dataclasses.replace(kv, keys=like(kv.keys), values=like(kv.values),
+                                      recent_keys=like(kv.recent_keys),
+                                      recent_values=like(kv.recent_values))
+        scores = [torch.zeros((s + 1, kv.keys[0].shape[1]), device=self.device)] * len(kv.keys)
         slots = torch.arange(1, s + 1, device=self.device)[None]
         plan = CompactionPlan(
             k=k, req_pool_indices=[0], window_slots=torch.zeros(1, dtype=torch.int64, device=self.device),
             src_slots=slots, src_lens=torch.tensor([s], device=self.device), dst_slots=slots[:, :k],
             n_stored=torch.tensor([k], device=self.device),
             first=torch.tensor([True], device=self.device))
-        execute(plan, self.params, self.window.gather(plan.window_slots), scratch(), scratch(),
+        execute(plan, self.params, self.window.gather(plan.window_slots), scratch,
                 scores if self.score_buffer is not None else None, self.sm_scale)
         torch.cuda.synchronize()
 
@@ -312,11 +320,14 @@ class ZipageRuntime:
     def _plan(self, batch, items, rows):
         r2t = batch.req_to_token_pool.req_to_token
         allocator = batch.token_to_kv_pool_allocator
+        req_of = {it.req_pool_idx: batch.reqs[i] for it, i in zip(items, rows)}
         for k in sorted({it.kv_budget for it in items}):  # one launch group per kept count
             same_k = [it for it in items if it.kv_budget == k]
             for start in range(0, len(same_k), MAX_REQS_PER_LAUNCH):
-                plan, surplus = plan_compaction(r2t, same_k[start:start + MAX_REQS_PER_LAUNCH],
-                                                k, self.page_size)
+                chunk = same_k[start:start + MAX_REQS_PER_LAUNCH]
+                plan, surplus = plan_compaction(r2t, chunk, k, self.page_size)
+                self.layout.remap_window(r2t, chunk, k, allocator,
+                                         [req_of[it.req_pool_idx] for it in chunk])
                 allocator.free(surplus)
                 self.pending.append(plan)
                 self.stats["compaction_batches"] += 1
@@ -382,7 +393,7 @@ class ZipageRuntime:
         if stream is not None:
             for t in (*plan.tensors, q_window):
                 t.record_stream(stream)
-        execute(plan, self.params, q_window, self.k_buffers, self.v_buffers, sbufs, self.sm_scale)
+        execute(plan, self.params, q_window, self.kv, sbufs, self.sm_scale)
 
     def _launch(self, launch: ShadowLaunch, sbufs, forward_stream) -> None:
         """Start asynchronous compactions. The side stream waits for the forwards issued so
@@ -441,8 +452,13 @@ class ZipageRuntime:
             t = t.pin_memory()
         return t.to(self.device, non_blocking=True)
 
-    def capture(self, layer_id: int, q: torch.Tensor, forward_batch) -> None:
-        self.window.write(layer_id, q, forward_batch.req_pool_indices, forward_batch.positions)
+    def capture(self, layer_id: int, q: torch.Tensor, q_rope, forward_batch) -> None:
+        """Keep a decode step's queries of a scored layer (the layout says which layers,
+        and what the layer's query arguments mean)."""
+        row = self.ring_rows[layer_id]
+        if row >= 0:
+            self.window.write(row, self.layout.queries(q, q_rope), forward_batch.req_pool_indices,
+                              forward_batch.positions)
 
     def log_parts(self):
         """Appended to SGLang's periodic decode log line."""
@@ -455,6 +471,7 @@ class ZipageRuntime:
         compressed = sum(1 for r in running_reqs
                          if getattr(r, "zipage", None) is not None and r.zipage.compactions)
         return {"config": dataclasses.asdict(self.config), "active": self.ready,
+                "layout": self.layout.describe() if self.ready else None,
                 "budget_limit_tokens": self.budget.limit if self.budget else None,
                 "memory_bytes": getattr(self, "memory_bytes", 0),
                 "running_compressed_requests": compressed,

@@ -34,6 +34,7 @@ import torch
 import torch.nn.functional as F
 
 from sglang_zipage.kernels import compact_kv, select_topk, window_attention_scores
+from sglang_zipage.kernels.reference import dequantize_keys
 
 REDUNDANCY_MODES = ("none", "full", "lightning")
 SELECTION_MODES = ("score", "random", "recent")
@@ -62,6 +63,27 @@ class ScoringParams:
             raise ValueError(f"invalid scoring params: {self}")
         if self.redundancy_tau <= 0:
             raise ValueError(f"redundancy_tau={self.redundancy_tau}: must be > 0")
+
+
+@dataclass(frozen=True)
+class LayerKV:
+    """The KV buffers one compaction reads and moves, as a KV layout (kv_layout.py) hands
+    them over.
+
+    keys:       scored layers' key storage, L tensors [slots, Hkv, D] (uint8 for FP8 KV).
+    values:     their value storage, or None when the key row holds the value (MLA).
+    key_dtype:  the FP8 type uint8 keys hold, or None (keys are in the model dtype).
+    key_scales: [L] float32, key = stored * scale (FP8 k_scale), or None (1).
+    recent_keys / recent_values: sliding-window layers of the same pool: they keep the
+                newest k tokens of the suffix, in order, so the window reads what it read.
+    """
+
+    keys: Sequence[torch.Tensor]
+    values: Optional[Sequence[torch.Tensor]]
+    key_dtype: Optional[torch.dtype] = None
+    key_scales: Optional[torch.Tensor] = None
+    recent_keys: Sequence[torch.Tensor] = ()
+    recent_values: Optional[Sequence[torch.Tensor]] = None
 
 
 def valid_positions(src_lens: torch.Tensor, s_max: int) -> torch.Tensor:
@@ -120,13 +142,14 @@ def mean_key_similarity(keys: torch.Tensor, valid: torch.Tensor, block: Optional
 
 
 def redundancy(
-    k_buffers: Sequence[torch.Tensor], src_slots: torch.Tensor, valid: torch.Tensor, params: ScoringParams
+    kv: LayerKV, src_slots: torch.Tensor, valid: torch.Tensor, params: ScoringParams
 ) -> torch.Tensor:
-    """Stage 4a: [L, R, Hkv, S_max] softmax over valid tokens of mean_sim / tau."""
+    """Stage 4a: [L, R, Hkv, S_max] softmax over valid tokens of mean_sim / tau.
+    (Cosine similarity ignores a key's scale: FP8 keys need no k_scale here.)"""
     block = params.lightning_block if params.redundancy == "lightning" else None
     out = []
-    for buf in k_buffers:  # one layer at a time bounds the fp32 key copy
-        keys = buf[src_slots].permute(0, 2, 1, 3)  # [R, Hkv, S, D]
+    for buf in kv.keys:  # one layer at a time bounds the fp32 key copy
+        keys = dequantize_keys(buf[src_slots], kv.key_dtype, None, 0).permute(0, 2, 1, 3)  # [R, Hkv, S, D]
         sim = mean_key_similarity(keys, valid, block) / params.redundancy_tau
         sim = sim.masked_fill(~valid[:, None, :], float("-inf"))
         out.append(torch.softmax(sim, dim=-1))
@@ -146,7 +169,7 @@ def protect(final: torch.Tensor, src_lens: torch.Tensor, sink: int, window: int)
 def score_tokens(
     params: ScoringParams,
     q_window: torch.Tensor,
-    k_buffers: Sequence[torch.Tensor],
+    kv: LayerKV,
     score_buffers: Optional[Sequence[torch.Tensor]],
     src_slots: torch.Tensor,
     src_lens: torch.Tensor,
@@ -159,7 +182,7 @@ def score_tokens(
     Args:
         params: ScoringParams.
         q_window: [L, R, W, Hq, D] model dtype, post-RoPE queries of the last W steps.
-        k_buffers: L tensors [slots, Hkv, D] model dtype.
+        kv: LayerKV; its L scored layers' keys are read.
         score_buffers: L tensors [slots, Hkv] float32 of stored global scores, or None.
         src_slots: [R, S_max] int64 slot ids in sequence order (padding past src_lens).
         src_lens: [R] int32/int64, 1 <= src_lens[r] <= S_max.
@@ -173,12 +196,13 @@ def score_tokens(
         stored for kept tokens.
     """
     valid = valid_positions(src_lens, src_slots.shape[1])
-    attention = window_attention_scores(q_window, k_buffers, src_slots, src_lens, sm_scale)
+    attention = window_attention_scores(q_window, kv.keys, src_slots, src_lens, sm_scale,
+                                        kv.key_dtype, kv.key_scales)
     attention = pool(attention, valid, first, params.pooling)
     g = decay_global(attention, score_buffers, src_slots, src_lens, n_stored, params.decay)
     final = g
     if params.redundancy != "none":
-        red = redundancy(k_buffers, src_slots, valid, params)
+        red = redundancy(kv, src_slots, valid, params)
         final = params.redundancy_lambda * g - (1 - params.redundancy_lambda) * red
     if params.selection != "score":
         final = control_scores(final, params.selection)
@@ -194,11 +218,17 @@ def control_scores(final: torch.Tensor, selection: str) -> torch.Tensor:
     return pos.expand_as(final).clone()
 
 
+def newest(src_lens: torch.Tensor, k: int, n_layers: int, hkv: int) -> torch.Tensor:
+    """keep [L, R, Hkv, k] int64: the last k valid positions of every request, ascending
+    (what a sliding-window layer reads, in the order it reads it)."""
+    pos = src_lens[:, None] - k + torch.arange(k, device=src_lens.device)[None, :]
+    return pos.to(torch.int64)[None, :, None, :].expand(n_layers, -1, hkv, -1).contiguous()
+
+
 def select_and_compact(
     params: ScoringParams,
     q_window: torch.Tensor,
-    k_buffers: Sequence[torch.Tensor],
-    v_buffers: Sequence[torch.Tensor],
+    kv: LayerKV,
     score_buffers: Optional[Sequence[torch.Tensor]],
     src_slots: torch.Tensor,
     src_lens: torch.Tensor,
@@ -211,12 +241,16 @@ def select_and_compact(
     """score_tokens + select_topk + compact_kv. Returns keep [L, R, Hkv, k] int64.
 
     dst_slots: [R, k] int64 (see compact_kv); k <= min(src_lens). After the call,
-    score_buffers (if given) hold g of the kept tokens at dst_slots.
+    score_buffers (if given) hold g of the kept tokens at dst_slots; kv's recent layers
+    hold their newest k tokens.
     """
     final, g = score_tokens(
-        params, q_window, k_buffers, score_buffers, src_slots, src_lens, n_stored, first, sm_scale
+        params, q_window, kv, score_buffers, src_slots, src_lens, n_stored, first, sm_scale
     )
     keep = select_topk(final, k)
     kept_scores = torch.gather(g, -1, keep) if score_buffers is not None else None
-    compact_kv(k_buffers, v_buffers, score_buffers, src_slots, keep, dst_slots, kept_scores)
+    compact_kv(kv.keys, kv.values, score_buffers, src_slots, keep, dst_slots, kept_scores)
+    if kv.recent_keys:
+        recent = newest(src_lens, k, len(kv.recent_keys), kv.recent_keys[0].shape[1])
+        compact_kv(kv.recent_keys, kv.recent_values, None, src_slots, recent, dst_slots, None)
     return keep

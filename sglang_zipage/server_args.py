@@ -71,11 +71,10 @@ def incompatibilities(server_args, config: ZipageConfig) -> List[str]:
         (a.disaggregation_mode not in (None, "null"), "--disaggregation-mode (PD disaggregation)"),
         (a.enable_hierarchical_cache, "--enable-hierarchical-cache"),
         (a.pp_size != 1, "--pp-size > 1 (pipeline parallelism)"),
-        (a.kv_cache_dtype not in ("auto", None), f"--kv-cache-dtype {a.kv_cache_dtype} "
-         "(scoring reads keys in the model dtype)"),
         (a.enable_torch_compile, "--enable-torch-compile"),
     ]
     bad += [f"{what} is not supported" for cond, what in checks if cond]
+    bad += model_refusals(a, config)
     try:
         config.validate(page_size=a.page_size or 1)
     except ValueError as e:
@@ -83,3 +82,19 @@ def incompatibilities(server_args, config: ZipageConfig) -> List[str]:
     if bad:
         bad.append("pass --zipage-disable to run stock SGLang with these settings")
     return bad
+
+
+def model_refusals(server_args, config: ZipageConfig) -> List[str]:
+    """What the model itself rules out (model_support.py), read from its config before
+    any weight loads. A config SGLang cannot read is left for SGLang to report."""
+    from sglang_zipage import hooks, model_support
+
+    a = server_args
+    try:
+        facts = hooks.model_facts(a.model_path, trust_remote_code=a.trust_remote_code,
+                                  revision=a.revision,
+                                  model_override_args=a.json_model_override_args,
+                                  disable_hybrid_swa_memory=a.disable_hybrid_swa_memory)
+    except Exception:  # noqa: BLE001 - SGLang's own startup names the problem
+        return []
+    return model_support.refusals(facts, config, server_args)

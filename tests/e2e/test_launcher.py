@@ -61,11 +61,23 @@ def test_async_needs_a_buffer_longer_than_its_head_start():
 
 
 def test_every_refusal_is_named_in_one_message():
-    """Several problems at once (buffer not page aligned, hierarchical cache, quantized KV
-    cache): the launcher names each of them, not only the first."""
+    """Several problems at once (buffer not page aligned, hierarchical cache, torch
+    compile): the launcher names each of them, not only the first."""
     r = _launch("--page-size", "16", "--zipage-buffer", "40", "--enable-hierarchical-cache",
-                "--kv-cache-dtype", "fp8_e5m2")
+                "--enable-torch-compile")
     assert r.returncode != 0
     for part in ("--zipage-buffer", "--page-size 16", "--enable-hierarchical-cache",
-                 "--kv-cache-dtype", "--zipage-disable"):
+                 "--enable-torch-compile", "--zipage-disable"):
+        assert part in r.stderr, r.stderr[-2000:]
+
+
+def test_a_model_it_cannot_compress_is_refused_by_name_before_loading():
+    """Gemma 3's sliding-window layers need the 512 tokens of their window: a 256-token
+    budget is refused from the config alone (no weight is read: the folder holds only
+    config.json), naming the model, the window and the flag to change."""
+    r = _launch("--model-path", str(REPO / "benchmarks/models/gemma-3-1b"), "--load-format",
+                "dummy", "--skip-tokenizer-init", "--zipage-kv-budget", "256")
+    assert r.returncode != 0
+    for part in ("Gemma3ForCausalLM", "sliding window (512 tokens)", "--zipage-kv-budget 512",
+                 "--zipage-disable"):
         assert part in r.stderr, r.stderr[-2000:]

@@ -35,7 +35,7 @@ def torch_twins(monkeypatch):
     (0.0, 1, "none", True), (0.8, 1, "none", False), (0.8, 1, "full", False),
     (0.8, 5, "full", True), (0.8, 5, "lightning", True)])
 def test_reference_ranking_equals_engine_scoring(decay, pooling, redundancy, first):
-    from sglang_zipage.scoring import ScoringParams, score_tokens
+    from sglang_zipage.scoring import LayerKV, ScoringParams, score_tokens
 
     gen = torch.Generator().manual_seed(1)
     b, hkv, g, d, w, s, n_stored, layers = 2, 2, 3, 16, 4, 150, 70, 2
@@ -47,7 +47,7 @@ def test_reference_ranking_equals_engine_scoring(decay, pooling, redundancy, fir
     score_buffers = [torch.rand(n_slots, hkv, generator=gen) for _ in range(layers)]
     q = torch.randn(layers, b, w, hkv * g, d, generator=gen)
     params = ScoringParams(window=w, decay=decay, redundancy=redundancy, pooling=pooling)
-    final_e, g_e = score_tokens(params, q, k_buffers, score_buffers if decay else None, slots,
+    final_e, g_e = score_tokens(params, q, LayerKV(k_buffers, None), score_buffers if decay else None, slots,
                                 torch.full((b,), s), torch.full((b,), n_stored),
                                 torch.full((b,), first), d ** -0.5)
     for layer in range(layers):
@@ -98,7 +98,7 @@ def test_hf_reference_matches_transformers_and_engine_schedule():
 
 
 def test_force_reference_records_raw_logprob_then_forces(tmp_path):
-    from forcing import ForceReference
+    from sglang_zipage.forcing import ForceReference
 
     logits = torch.tensor([[0.0, 2.0, 1.0, -1.0], [3.0, 0.0, 0.0, 0.0]])
     raw = logits.clone()

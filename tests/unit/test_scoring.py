@@ -19,7 +19,7 @@ if not torch.cuda.is_available():  # before the first Triton launch (kernels jit
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 from sglang_zipage.kernels import ENV_BACKEND, select_topk, window_attention_scores_ref  # noqa: E402
-from sglang_zipage.scoring import ScoringParams, score_tokens, select_and_compact  # noqa: E402
+from sglang_zipage.scoring import LayerKV, ScoringParams, score_tokens, select_and_compact  # noqa: E402
 
 # The interpreter calls a NumPy API deprecated in 1.25 on every launch.
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning:triton.runtime.interpreter")
@@ -56,7 +56,7 @@ def run(params, x, n_stored=None, first=None, score_buffers="sb"):
     n_stored = torch.zeros(n_req, dtype=torch.int64, device=DEV) if n_stored is None else n_stored
     first = torch.zeros(n_req, dtype=torch.bool, device=DEV) if first is None else first
     sb = x[score_buffers] if score_buffers else None
-    return score_tokens(params, x["q"], x["k"], sb, x["src"], x["lens"], n_stored, first, x["scale"])
+    return score_tokens(params, x["q"], LayerKV(x["k"], x["v"]), sb, x["src"], x["lens"], n_stored, first, x["scale"])
 
 
 def attention(x):
@@ -180,7 +180,7 @@ def test_select_and_compact_moves_rows_and_stores_global_score():
     first = torch.ones(2, dtype=torch.bool, device=DEV)
     final, g = run(params, x, n_stored=n_stored, first=first)
     dst = x["src"][:, :8].clone()
-    keep = select_and_compact(params, x["q"], x["k"], x["v"], x["sb"], x["src"], x["lens"],
+    keep = select_and_compact(params, x["q"], LayerKV(x["k"], x["v"]), x["sb"], x["src"], x["lens"],
                               n_stored, first, x["scale"], dst, 8)
     assert torch.equal(keep, select_topk(final, 8))
     for l in range(2):

@@ -1,0 +1,228 @@
+#!/usr/bin/env python3
+"""Model-family coverage on the GPU (issue 15): each family starts, compresses within its
+budget and matches stock where nothing compresses, or is refused at startup by name.
+
+    source benchmarks/device_env.sh && python3 benchmarks/coverage.py \\
+        --out $OUT/coverage-h200.json --parallel 6 --deadline-s 1500
+
+Each row (family, kv_dtype, attention_backend, page_size) runs in a process of its own
+(``coverage.py row ...``): a stock engine (zipage disabled), then a zipage engine, on the
+family's config.json under benchmarks/models/ (public dimensions, ``layers`` layers, dummy
+weights seeded alike in both), CUDA graphs and the overlap scheduler on, SGLang's strict
+memory checker on:
+  short     4 prompts of 200 random ids, 48 greedy tokens, one batch (never compresses):
+            output ids equal stock's
+  compress  16 prompts x 200 ids x 900 greedy tokens, one batch: every request reaches 900
+            tokens, the engine compacted at least once per buffer after the first limit,
+            and no suffix outgrew budget + buffer
+A startup refusal (the engine raises before serving, naming the model or flag) is status
+``refused``; a failed check, a crash or a timeout is ``fail``. Rows run ``--parallel`` at a
+time on one GPU (pools sized to the work); the driver writes the JSON after every row, so a
+run cut short keeps what it measured. Families and rows: FAMILIES and MATRIX below.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import subprocess
+import sys
+import time
+import traceback
+from concurrent.futures import ThreadPoolExecutor
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+MODELS = os.path.join(HERE, "models")
+STRICT = {"SGLANG_ENABLE_STRICT_MEM_CHECK_DURING_BUSY": "1", "SGLANG_CHECK_KV_PAGE_INVARIANTS": "1"}
+PROMPT, SHORT_OUT, LONG_OUT, N_SHORT, N_LONG = 200, 48, 900, 4, 16
+
+# name -> (folder, layers, kv_budget, buffer). Layer counts keep each family's mix of layer
+# kinds (Gemma 3: 5 sliding + 1 global; gpt-oss: sliding/full alternate; DeepSeek: 1 dense +
+# MoE). Gemma 3's budget covers its 512-token sliding window.
+FAMILIES = {
+    "qwen3-8b": ("qwen3-8b-dummy", 4, 256, 64),
+    "llama-3.1-8b": ("llama-3.1-8b", 4, 256, 64),
+    "deepseek-r1-distill-qwen-7b": ("deepseek-r1-distill-qwen-7b", 4, 256, 64),
+    "mistral-7b": ("mistral-7b", 4, 256, 64),
+    "qwen3-30b-a3b": ("qwen3-30b-a3b", 4, 256, 64),
+    "gemma-3-1b": ("gemma-3-1b", 6, 512, 128),
+    "gpt-oss-20b": ("gpt-oss-20b", 4, 256, 64),
+    "deepseek-v2-lite": ("deepseek-v2-lite", 4, 256, 64),
+    "qwen3-next-80b-a3b": ("qwen3-next-80b-a3b", 4, 256, 64),
+}
+# (kv_dtype, attention_backend, page_size) per family; "*" = every family.
+MATRIX = [("*", "bfloat16", "triton", 1), ("*", "fp8_e4m3", "triton", 1),
+          ("*", "bfloat16", "triton", 16), ("*", "bfloat16", "flashinfer", 1),
+          ("deepseek-v2-lite", "fp8_e4m3", "flashinfer", 1),
+          ("gpt-oss-20b", "bfloat16", "triton-no-hybrid-swa", 1)]
+
+
+def rows(families):
+    out = []
+    for fam, dtype, backend, page in MATRIX:
+        for name in (families if fam == "*" else [fam]):
+            if name in families:
+                out.append({"family": name, "kv_dtype": dtype, "attention_backend": backend,
+                            "page_size": page})
+    return out
+
+
+# ------------------------------------------------------------------------------ one row
+def engine_kwargs(row, stock):
+    folder, layers, budget, buffer = FAMILIES[row["family"]]
+    backend = row["attention_backend"]
+    kw = dict(model_path=os.path.join(MODELS, folder), load_format="dummy",
+              skip_tokenizer_init=True, page_size=row["page_size"], random_seed=0,
+              kv_cache_dtype=row["kv_dtype"] if row["kv_dtype"] != "bfloat16" else "auto",
+              json_model_override_args=json.dumps({"num_hidden_layers": layers}),
+              sampling_backend="pytorch", grammar_backend="none", mem_fraction_static=0.85,
+              disable_prefill_cuda_graph=True, cuda_graph_bs_decode=[1, N_SHORT, N_LONG],
+              log_level="warning")
+    if backend.endswith("-no-hybrid-swa"):
+        backend = backend[:-len("-no-hybrid-swa")]
+        kw["disable_hybrid_swa_memory"] = True
+    kw["attention_backend"] = backend
+    need = N_SHORT * (PROMPT + SHORT_OUT) if stock else N_LONG * (PROMPT + budget + buffer + 64)
+    kw["max_total_tokens"] = need + 4096
+    if stock:
+        return dict(zipage_enabled=False, **kw)
+    return dict(zipage_kv_budget=budget, zipage_buffer=buffer, **kw)
+
+
+def prompts(row, n, seed):
+    cfg = json.load(open(os.path.join(MODELS, FAMILIES[row["family"]][0], "config.json")))
+    hi = min(cfg["vocab_size"], 30000)
+    rng = random.Random(seed)
+    return [[rng.randrange(100, hi) for _ in range(PROMPT)] for _ in range(n)]
+
+
+def run_engine(row, stock):
+    from sglang_zipage import Engine
+
+    res = {}
+    t0 = time.perf_counter()
+    try:
+        eng = Engine(**engine_kwargs(row, stock))
+    except (ValueError, AssertionError, RuntimeError) as e:
+        res["refused"] = str(e)[-1500:]
+        return res
+    res["start_s"] = round(time.perf_counter() - t0, 1)
+    try:
+        greedy = lambda n: {"max_new_tokens": n, "temperature": 0, "ignore_eos": True}  # noqa: E731
+        outs = eng.generate(input_ids=prompts(row, N_SHORT, 1), sampling_params=greedy(SHORT_OUT))
+        res["short"] = [o["output_ids"] for o in outs]
+        if not stock:
+            t1 = time.perf_counter()
+            outs = eng.generate(input_ids=prompts(row, N_LONG, 2), sampling_params=greedy(LONG_OUT))
+            res["compress_s"] = round(time.perf_counter() - t1, 1)
+            res["lengths"] = sorted({o["meta_info"]["completion_tokens"] for o in outs})
+            res["request_compactions"] = sorted({o["meta_info"]["zipage_compactions"] for o in outs})
+            res["zipage"] = eng.get_server_info()["internal_states"][0].get("zipage")
+    finally:
+        eng.shutdown()
+    return res
+
+
+def judge(row, stock, zipage):
+    _, _, budget, buffer = FAMILIES[row["family"]]
+    for side in (zipage, stock):
+        if "refused" in side:
+            return {"status": "refused", "message": side["refused"],
+                    "refused_by": "zipage" if "--zipage-disable" in side["refused"] else "sglang"}
+    z = zipage["zipage"] or {}
+    first_diff = next((i for i, (a, b) in enumerate(zip(stock["short"], zipage["short"])) if a != b), None)
+    want = (LONG_OUT - budget - buffer) // buffer + 1
+    ev = {"start_s": {"stock": stock["start_s"], "zipage": zipage["start_s"]},
+          "compress_s": zipage["compress_s"], "lengths": zipage["lengths"],
+          "request_compactions": zipage["request_compactions"],
+          "compactions": z.get("compactions"), "max_suffix_tokens": z.get("max_suffix_tokens"),
+          "limit": budget + buffer, "expected_compactions_per_request": want,
+          "short_equal_stock": first_diff is None, "short_first_diff_request": first_diff,
+          "layout": (z.get("layout") or {})}
+    ok = (ev["short_equal_stock"] and ev["lengths"] == [LONG_OUT]
+          and min(ev["request_compactions"]) >= want
+          and ev["max_suffix_tokens"] is not None and ev["max_suffix_tokens"] <= budget + buffer)
+    return {"status": "pass" if ok else "fail", "evidence": ev}
+
+
+def run_row(row, out_path):
+    os.environ.update(STRICT)
+    result = dict(row)
+    try:
+        stock = run_engine(row, stock=True)
+        zipage = run_engine(row, stock=False) if "refused" not in stock else stock
+        result.update(judge(row, stock, zipage))
+    except Exception:
+        result.update(status="fail", error=traceback.format_exc()[-3000:])
+    with open(out_path, "w") as f:
+        json.dump(result, f, indent=1)
+
+
+# ------------------------------------------------------------------------------ driver
+def drive(args):
+    todo = rows(args.families.split(",") if args.families else list(FAMILIES))
+    workdir = args.workdir or os.path.dirname(os.path.abspath(args.out))
+    os.makedirs(workdir, exist_ok=True)
+    deadline = time.monotonic() + args.deadline_s
+    import torch
+
+    report = {"command": " ".join(["python3", "benchmarks/coverage.py"] + sys.argv[1:]),
+              "commit": os.environ.get("ZIPAGE_COMMIT", "unknown"),
+              "gpu": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu",
+              "setup": {"prompt": PROMPT, "short_out": SHORT_OUT, "long_out": LONG_OUT,
+                        "n_short": N_SHORT, "n_long": N_LONG, "families": FAMILIES,
+                        "cuda_graphs": True, "overlap": True, "strict_mem_check": True},
+              "rows": []}
+
+    def one(i_row):
+        i, row = i_row
+        part = os.path.join(workdir, f"row{i:02d}.json")
+        log = open(os.path.join(workdir, f"row{i:02d}.log"), "w")
+        left = deadline - time.monotonic()
+        if left < 60:
+            return {**row, "status": "fail", "error": "not run: deadline"}
+        t0 = time.monotonic()
+        try:
+            subprocess.run([sys.executable, os.path.abspath(__file__), "row", json.dumps(row), part],
+                           stdout=log, stderr=subprocess.STDOUT, timeout=left, check=False)
+            res = json.load(open(part))
+        except subprocess.TimeoutExpired:
+            res = {**row, "status": "fail", "error": "timeout at the deadline"}
+        except (OSError, ValueError):
+            res = {**row, "status": "fail", "error": "no result; see log",
+                   "log_tail": open(log.name).read()[-2000:]}
+        res["row_s"] = round(time.monotonic() - t0, 1)
+        print("ROW", json.dumps({k: res.get(k) for k in ("family", "kv_dtype", "attention_backend",
+                                                         "page_size", "status", "row_s")}), flush=True)
+        report["rows"].append(res)
+        with open(args.out + ".tmp", "w") as f:
+            json.dump(report, f, indent=1)
+        os.replace(args.out + ".tmp", args.out)
+        return res
+
+    with ThreadPoolExecutor(args.parallel) as ex:
+        list(ex.map(one, enumerate(todo)))
+    counts = {s: sum(r["status"] == s for r in report["rows"]) for s in ("pass", "refused", "fail")}
+    report["summary"] = counts
+    with open(args.out, "w") as f:
+        json.dump(report, f, indent=1)
+    print("SUMMARY", json.dumps(counts), flush=True)
+
+
+def main():
+    if len(sys.argv) > 1 and sys.argv[1] == "row":
+        run_row(json.loads(sys.argv[2]), sys.argv[3])
+        return
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--out", required=True)
+    p.add_argument("--families", default="", help="comma list (default: all of FAMILIES)")
+    p.add_argument("--parallel", type=int, default=6)
+    p.add_argument("--deadline-s", type=float, default=540)
+    p.add_argument("--workdir", default=None, help="per-row JSON and logs (default: next to --out)")
+    drive(p.parse_args())
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,54 @@
+"""Which models sglang-zipage compresses, decided before any weight loads.
+
+Supported KV layouts (kv_layout.py): MHA (Llama, Qwen, Mistral, Gemma 3 with its
+sliding-window layers, ...), MLA (DeepSeek V2/V3, Kimi K2), hybrid sliding-window pools
+(gpt-oss), each in bf16/fp16 or FP8 (fp8_e4m3, fp8_e5m2). Everything else is refused
+here, by name, with the advice to pass --zipage-disable; what only shows once the model
+is built (a pool type, per-layer shapes) is refused by kv_layout.detect in the scheduler.
+"""
+
+from __future__ import annotations
+
+from typing import List
+
+from sglang_zipage.config import ZipageConfig
+
+KV_DTYPES = ("auto", "bf16", "bfloat16", "fp8_e4m3", "fp8_e5m2")
+# Models whose sliding window the launcher can read from the config (others: at startup
+# of the scheduler, from the attention layers themselves).
+SLIDING_WINDOW_ARCHS = ("GptOssForCausalLM", "Gemma3ForCausalLM", "Gemma3ForConditionalGeneration")
+MLA_BACKENDS = ("triton", "flashinfer", "torch_native")
+
+
+def refusals(facts: dict, config: ZipageConfig, server_args) -> List[str]:
+    """Reasons this model cannot be compressed (empty = supported). ``facts``:
+    hooks.model_facts(server_args)."""
+    arch = facts["architecture"]
+    kinds = [
+        ("deepseek_v4", "DeepSeek V4's compressed sparse attention pool"),
+        ("dsa", "DeepSeek sparse attention (DSA: an indexer picks the tokens each step)"),
+        ("linear_attention", "linear-attention / Mamba state layers (no per-token KV to "
+                             "compress in those layers)"),
+        ("encoder_decoder", "encoder-decoder attention"),
+        ("chunked_attention", "chunked local attention (Llama 4)"),
+        ("mrope", "multimodal rotary positions (mrope)"),
+    ]
+    bad = [f"model {arch}: {what} is not supported" for key, what in kinds if facts[key]]
+    if server_args.kv_cache_dtype not in KV_DTYPES:
+        bad.append(f"--kv-cache-dtype {server_args.kv_cache_dtype}: zipage supports "
+                   f"{', '.join(KV_DTYPES)}")
+    if facts["mla"]:
+        for name in ("attention_backend", "decode_attention_backend"):
+            v = getattr(server_args, name, None)
+            if v is not None and v not in MLA_BACKENDS:
+                bad.append(f"--{name.replace('_', '-')} {v} with the MLA model {arch}: zipage "
+                           f"compresses MLA with {', '.join(MLA_BACKENDS)}")
+    window = facts["sliding_window"]
+    if arch in SLIDING_WINDOW_ARCHS and window and config.kv_budget < window:
+        bad.append(f"--zipage-kv-budget {config.kv_budget} is below {arch}'s sliding window "
+                   f"({window} tokens), which its sliding-window layers must keep; use "
+                   f"--zipage-kv-budget {window} or more")
+    if facts["hybrid_swa"] and config.async_compaction:
+        bad.append(f"--zipage-async with {arch}'s hybrid sliding-window pool is not "
+                   "supported; drop --zipage-async, or pass --disable-hybrid-swa-memory")
+    return bad

@@ -1,0 +1,170 @@
+"""KV layouts on real SGLang 0.5.17 pools and attention modules (CPU), issue 15.
+
+- detect() picks the layout from the pool SGLang built (MHATokenToKVPool, FP8 or not;
+  MLATokenToKVPool; SWAKVPool) and the RadixAttention modules of the model; anything else
+  is refused naming the pool.
+- MHA with sliding-window layers in the same pool (Gemma 3): after a compaction the
+  sliding-window layers' last kept columns hold the newest tokens in order (what their
+  window reads), for every head, while full layers keep their best-scored tokens.
+- MLA: one latent row per token; the query window gets q_nope | q_rope whichever way the
+  backend passes them.
+- Hybrid SWA pool (gpt-oss): the window's SWA slots follow their tokens to the columns
+  they occupy after the compaction; every other SWA slot of the suffix is freed once, and
+  the full slots freed next carry none (the allocators' free counts add up exactly).
+The model runner is a plain container of the real parts detect() reads.
+Run: .venv/bin/python -m pytest tests/unit/test_kv_layout.py
+"""
+
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from sglang.srt.layers.radix_attention import RadixAttention
+from sglang.srt.mem_cache.allocator.swa import SWATokenToKVPoolAllocator
+from sglang.srt.mem_cache.allocator.token import TokenToKVPoolAllocator
+from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool, MLATokenToKVPool, ReqToTokenPool
+from sglang.srt.mem_cache.swa_memory_pool import SWAKVPool
+from sglang_zipage import kv_layout
+from sglang_zipage.compaction import CompactionItem, execute, plan_compaction
+from sglang_zipage.scoring import ScoringParams
+
+HQ, HKV, D = 4, 2, 8
+
+
+def runner(pool, attns, arch="TestForCausalLM"):
+    return SimpleNamespace(token_to_kv_pool=pool, model=torch.nn.ModuleList(attns),
+                           model_config=SimpleNamespace(hf_config=SimpleNamespace(architectures=[arch])))
+
+
+def mha_pool(layers, dtype=torch.float32, size=512):
+    return MHATokenToKVPool(size=size, page_size=1, dtype=dtype, head_num=HKV, head_dim=D,
+                            layer_num=layers, device="cpu", enable_memory_saver=False)
+
+
+def attn(layer_id, window=-1, heads=HQ, kv=HKV, dim=D, v_dim=-1):
+    return RadixAttention(heads, dim, dim ** -0.5, kv, layer_id, sliding_window_size=window,
+                          v_head_dim=v_dim)
+
+
+def test_mha_layout_scores_full_layers_and_keeps_recency_in_sliding_ones():
+    pool = mha_pool(4)
+    layout = kv_layout.detect(runner(pool, [attn(0, 31), attn(1), attn(2, 31), attn(3)]), 64)
+    assert layout.name == "mha+sliding-window" and layout.scored_layers == (1, 3)
+    assert layout.ring_rows() == [-1, 0, -1, 1]
+    assert layout.kv.keys[0] is pool.k_buffer[1] and layout.kv.recent_keys[1] is pool.k_buffer[2]
+    assert layout.min_kv_budget == 31
+    with pytest.raises(kv_layout.ZipageUnsupported, match="sliding window"):
+        kv_layout.detect(runner(pool, [attn(0, 31), attn(1), attn(2, 31), attn(3)]), 16)
+    q = torch.randn(1, 3, HQ, D)  # Gemma 3 passes [1, tokens, Hq, D]
+    assert layout.queries(q, None).shape == (3, HQ, D)
+
+
+def test_fp8_pool_hands_scoring_uint8_keys_with_their_format_and_scales():
+    pool = mha_pool(2, dtype=torch.float8_e4m3fn)
+    attns = [attn(0), attn(1)]
+    attns[1].k_scale_float = 0.5
+    layout = kv_layout.detect(runner(pool, attns), 64)
+    assert layout.kv.key_dtype == torch.float8_e4m3fn
+    assert layout.kv.keys[0].dtype == torch.uint8  # the stored bytes: compaction moves them
+    assert layout.kv.key_scales.tolist() == [1.0, 0.5]
+
+
+def test_unknown_pools_and_mixed_query_shapes_are_refused_by_name():
+    pool = SimpleNamespace()  # a pool class zipage does not know
+    with pytest.raises(kv_layout.ZipageUnsupported, match="SimpleNamespace.*--zipage-disable"):
+        kv_layout.detect(runner(pool, [attn(0)], arch="OddForCausalLM"), 64)
+    with pytest.raises(kv_layout.ZipageUnsupported, match="one query shape"):
+        kv_layout.detect(runner(mha_pool(2), [attn(0), attn(1, heads=2 * HQ)]), 64)
+
+
+def test_mla_layout_scores_the_latent_row_with_absorbed_queries():
+    rank, rope, heads = 32, 8, 4
+    pool = MLATokenToKVPool(size=256, page_size=1, dtype=torch.float32, kv_lora_rank=rank,
+                            qk_rope_head_dim=rope, layer_num=2, device="cpu",
+                            enable_memory_saver=False)
+    mods = []
+    for layer in range(2):  # DeepSeek: attn_mha (prefill) and attn_mqa (absorbed decode)
+        mods += [attn(layer, heads=heads, kv=heads, dim=24 + rope, v_dim=24),
+                 attn(layer, heads=heads, kv=1, dim=rank + rope, v_dim=rank)]
+    layout = kv_layout.detect(runner(pool, mods), 64)
+    assert layout.name == "mla" and layout.kv.values is None
+    assert layout.kv.keys[1] is pool.kv_buffer[1]
+    assert (layout.query.heads, layout.query.dim) == (heads, rank + rope)
+    q_nope, q_rope = torch.randn(3, heads, rank), torch.randn(3, heads, rope)
+    joined = torch.cat([q_nope, q_rope], -1)
+    assert torch.equal(layout.queries(q_nope.reshape(3, -1), q_rope), joined)
+    assert torch.equal(layout.queries(joined, None), joined)
+
+
+def test_sliding_window_layers_keep_their_newest_tokens_in_order():
+    torch.manual_seed(0)
+    pool = mha_pool(2)
+    for buf in pool.k_buffer + pool.v_buffer:
+        buf.normal_()
+    layout = kv_layout.detect(runner(pool, [attn(0, 6), attn(1)]), 8)
+    r2t = ReqToTokenPool(size=2, max_context_len=64, device="cpu", enable_memory_saver=False)
+    slots = torch.randperm(400)[:30] + 1
+    r2t.req_to_token[1, :30] = slots.to(torch.int32)
+    c0, k = 10, 8
+    before = [b.clone() for b in pool.k_buffer + pool.v_buffer]
+    plan, _ = plan_compaction(r2t.req_to_token, [CompactionItem(1, c0, 20, 0, True, 1, k)], k, 1)
+    ring = torch.randn(1, 2, 4, HQ, D)
+    execute(plan, ScoringParams(window=4, decay=0.0), ring[:, plan.window_slots], layout.kv,
+            None, D ** -0.5)
+    old_k0, old_v0 = before[0], before[2]  # layer 0 (sliding window): k, v
+    newest = slots[c0 + 20 - k:c0 + 20]  # the last k suffix tokens, oldest first
+    kept_cols = slots[c0:c0 + k]
+    assert torch.equal(pool.k_buffer[0][kept_cols], old_k0[newest])
+    assert torch.equal(pool.v_buffer[0][kept_cols], old_v0[newest])
+    # the full layer picked by score: the last W=4 are kept, the rest differs from recency
+    assert torch.equal(pool.k_buffer[1][kept_cols[-4:]], before[1][newest[-4:]])
+
+
+def hybrid(page=1, size=512, size_swa=256, sw=6):
+    pool = SWAKVPool(size=size, size_swa=size_swa, page_size=page, dtype=torch.float32,
+                     head_num=HKV, head_dim=D, swa_attention_layer_ids=[0, 2],
+                     full_attention_layer_ids=[1, 3], device="cpu",
+                     enable_memory_saver=False)
+    alloc = SWATokenToKVPoolAllocator(size, size_swa, page, torch.float32, "cpu", pool, False)
+    mods = [attn(0, sw), attn(1), attn(2, sw), attn(3)]
+    return pool, alloc, mods
+
+
+def test_hybrid_swa_remap_moves_the_window_and_frees_the_rest_once():
+    pool, alloc, mods = hybrid()
+    layout = kv_layout.detect(runner(pool, mods, "GptOssForCausalLM"), 8)
+    assert layout.name == "hybrid-swa" and layout.scored_layers == (1, 3)
+    assert layout.kv.keys[0] is pool.full_kv_pool.k_buffer[0]
+    r2t = ReqToTokenPool(size=2, max_context_len=64, device="cpu", enable_memory_saver=False)
+    c0, suffix, k = 5, 20, 8
+    n = c0 + suffix
+    full = alloc.alloc(n)  # full slots, each with an SWA slot behind it
+    r2t.req_to_token[1, :n] = full.to(torch.int32)
+    mapping = alloc.full_to_swa_index_mapping
+    # SGLang already freed the SWA slots of suffix columns that left the window
+    evicted = c0 + 9
+    alloc.free_swa(full[c0:evicted])
+    window_swa = mapping[full[n - 6:n]].clone()  # the newest 6 tokens' SWA slots
+    assert (window_swa > 0).all()
+    swa_free, full_free = alloc.swa_available_size(), alloc.full_available_size()
+    req = SimpleNamespace(kv=SimpleNamespace(swa_evicted_seqlen=evicted))
+    item = CompactionItem(1, c0, suffix, 0, True, 1, k)
+    plan, surplus = plan_compaction(r2t.req_to_token, [item], k, 1)
+    layout.remap_window(r2t.req_to_token, [item], k, alloc, [req])
+    # the window's tokens now sit in columns [c0 + k - 6, c0 + k): same SWA slots, in order
+    assert torch.equal(mapping[full[c0 + k - 6:c0 + k]], window_swa)
+    assert (mapping[full[c0:c0 + k - 6]] == 0).all() and (mapping[surplus] == 0).all()
+    live_before = suffix - (evicted - c0)
+    assert alloc.swa_available_size() - swa_free == live_before - 6  # freed once each
+    alloc.free(surplus)  # full slots; their mapping is 0, so no SWA slot is freed twice
+    assert alloc.swa_available_size() - swa_free == live_before - 6
+    assert alloc.full_available_size() - full_free == suffix - k
+    assert req.kv.swa_evicted_seqlen == c0 + k - 6
+    assert torch.equal(plan.dst_slots[0], full[c0:c0 + k].long())
+
+
+def test_hybrid_swa_refuses_async_compaction():
+    pool, alloc, mods = hybrid()
+    with pytest.raises(kv_layout.ZipageUnsupported, match="--zipage-async"):
+        kv_layout.detect(runner(pool, mods, "GptOssForCausalLM"), 8, async_compaction=True)
