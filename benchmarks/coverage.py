@@ -6,7 +6,7 @@ budget and matches stock where nothing compresses, or is refused at startup by n
         --out $OUT/coverage-h200.json --parallel 6 --deadline-s 1500
 
 Each row (family, kv_dtype, attention_backend, page_size) runs in a process of its own
-(``coverage.py row ...``): a stock engine (zipage disabled), then a zipage engine, on the
+(``coverage.py row ...``): a zipage engine, then a stock engine (zipage disabled), on the
 family's config.json under benchmarks/models/ (public dimensions, ``layers`` layers, dummy
 weights seeded alike in both), CUDA graphs and the overlap scheduler on, SGLang's strict
 memory checker on:
@@ -54,7 +54,7 @@ FAMILIES = {
 }
 # (kv_dtype, attention_backend, page_size) per family; "*" = every family.
 MATRIX = [("*", "bfloat16", "triton", 1), ("*", "fp8_e4m3", "triton", 1),
-          ("*", "bfloat16", "triton", 16), ("*", "bfloat16", "flashinfer", 1),
+          ("*", "bfloat16", "flashinfer", 1), ("*", "bfloat16", "triton", 16),
           ("deepseek-v2-lite", "fp8_e4m3", "flashinfer", 1),
           ("gpt-oss-20b", "bfloat16", "triton-no-hybrid-swa", 1)]
 
@@ -151,8 +151,8 @@ def run_row(row, out_path):
     os.environ.update(STRICT)
     result = dict(row)
     try:
-        stock = run_engine(row, stock=True)
-        zipage = run_engine(row, stock=False) if "refused" not in stock else stock
+        zipage = run_engine(row, stock=False)  # first: a refusal needs no stock run
+        stock = run_engine(row, stock=True) if "refused" not in zipage else zipage
         result.update(judge(row, stock, zipage))
     except Exception:
         result.update(status="fail", error=traceback.format_exc()[-3000:])
