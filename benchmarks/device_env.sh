@@ -8,6 +8,8 @@
 #    of its own instead of the repository root, where kernels/ would shadow PyPI's
 #    `kernels` as a top-level name.
 source .devbundle/install.sh || return 1
-[ -e sglang_zipage/kernels ] || ln -s ../kernels sglang_zipage/kernels
+# (a copied tree may hold an empty sglang_zipage/kernels/ folder: it would import as a
+# namespace package, so it gives way to the link)
+[ -L sglang_zipage/kernels ] || { rm -rf sglang_zipage/kernels && ln -s ../kernels sglang_zipage/kernels; }
 mkdir -p /tmp/zipage-path && ln -sfn "$PWD/sglang_zipage" /tmp/zipage-path/sglang_zipage
 export PYTHONPATH="${PYTHONPATH/$PWD//tmp/zipage-path}"
