@@ -163,6 +163,10 @@ def run_row(row, out_path):
 # ------------------------------------------------------------------------------ driver
 def drive(args):
     todo = rows(args.families.split(",") if args.families else list(FAMILIES))
+    if args.rows:  # family:kv_dtype:backend:page, comma separated
+        want = {tuple(r.split(":")) for r in args.rows.split(",")}
+        todo = [r for r in todo if (r["family"], r["kv_dtype"], r["attention_backend"],
+                                    str(r["page_size"])) in want]
     workdir = args.workdir or os.path.dirname(os.path.abspath(args.out))
     os.makedirs(workdir, exist_ok=True)
     deadline = time.monotonic() + args.deadline_s
@@ -218,6 +222,7 @@ def main():
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--out", required=True)
     p.add_argument("--families", default="", help="comma list (default: all of FAMILIES)")
+    p.add_argument("--rows", default="", help="only these rows: family:kv_dtype:backend:page,...")
     p.add_argument("--parallel", type=int, default=6)
     p.add_argument("--deadline-s", type=float, default=540)
     p.add_argument("--workdir", default=None, help="per-row JSON and logs (default: next to --out)")

@@ -35,7 +35,7 @@ def queries(n_layers, n_req, w, hq, d, seed=1):
 def by_hand(q, keys_f32, src, lens, scale):
     """Softmax of q.k over each request's keys, max over a KV group's heads, mean over W."""
     n_layers, n_req, w, hq, d = q.shape
-    out = torch.zeros(n_layers, n_req, keys_f32[0].shape[1], src.shape[1])
+    out = torch.zeros(n_layers, n_req, keys_f32[0].shape[1], src.shape[1], device=q.device)
     for l in range(n_layers):
         for r in range(n_req):
             n = int(lens[r])
