@@ -73,10 +73,14 @@ def rows(families):
 def engine_kwargs(row, stock):
     folder, layers, budget, buffer = FAMILIES[row["family"]]
     backend = row["attention_backend"]
+    override = {"num_hidden_layers": layers}
+    cfg = json.load(open(os.path.join(MODELS, folder, "config.json")))
+    if "layer_types" in cfg:  # per-layer kinds (gpt-oss): the first `layers` of them
+        override["layer_types"] = cfg["layer_types"][:layers]
     kw = dict(model_path=os.path.join(MODELS, folder), load_format="dummy",
               skip_tokenizer_init=True, page_size=row["page_size"], random_seed=0,
               kv_cache_dtype=row["kv_dtype"] if row["kv_dtype"] != "bfloat16" else "auto",
-              json_model_override_args=json.dumps({"num_hidden_layers": layers}),
+              json_model_override_args=json.dumps(override),
               sampling_backend="pytorch", grammar_backend="none", mem_fraction_static=0.85,
               disable_prefill_cuda_graph=True, cuda_graph_bs_decode=[1, N_SHORT, N_LONG],
               log_level="warning")

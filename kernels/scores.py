@@ -240,8 +240,15 @@ def window_attention_scores(
     gp = n_gchunks * gc  # rows of a group in the partials, padded
     block_d = min(max(16, next_pow2(d)), MAX_BLOCK_D)
     rows = wp * gc
+    num_d = triton_cdiv(d, block_d)
     lse_block, lse_warps = config.get("lse", TUNING[("lse", rows <= 64)])
     probs_block, probs_warps = config.get("probs", TUNING[("probs", wp * next_pow2(g) <= 64)])
+    # Rows wider than one head-dim block (MLA's 576): without software pipelining and with
+    # 32-key blocks, so a program's shared memory holds one chunk of q and k at a time (the
+    # pipelined 64-key version asks for more than the H200's 227 KiB in bf16).
+    wide = dict(num_stages=1) if num_d > 1 else {}
+    if num_d > 1 and "lse" not in config:
+        lse_block = probs_block = 32
     lrh = n_layers * n_req * hkv
     n_chunks = triton_cdiv(s_max, lse_block)
     # Enough pass-1 programs to fill the GPU about 4 times over.
@@ -260,7 +267,7 @@ def window_attention_scores(
         stride_qw=q_window.stride(2), stride_qh=q_window.stride(3),
         stride_ks=k0.stride(0), stride_kh=k0.stride(1), stride_src_r=src_slots.stride(0),
         qk_scale=float(sm_scale) * _LOG2E,
-        W=w, G=g, HKV=hkv, WP=wp, GP=gp, D=d, BLOCK_D=block_d, NUM_D=triton_cdiv(d, block_d),
+        W=w, G=g, HKV=hkv, WP=wp, GP=gp, D=d, BLOCK_D=block_d, NUM_D=num_d,
         N_SPLITS=n_splits, KV_DTYPE=triton_dtype(k0.dtype),
         # fp32 inputs: exact fp32 products rather than the TF32 default of tl.dot.
         PRECISION="ieee" if q_window.dtype == torch.float32 else "tf32",
@@ -268,12 +275,12 @@ def window_attention_scores(
     )
     _window_lse_kernel[(lrh, n_splits, n_gchunks)](
         q_window, table, scales, src_slots, src_lens, m_part, l_part,
-        n_req, chunks_per_split, GC=gc, BLOCK_S=lse_block, num_warps=lse_warps, **common,
+        n_req, chunks_per_split, GC=gc, BLOCK_S=lse_block, num_warps=lse_warps, **wide, **common,
     )
     _window_probs_kernel[(lrh, triton_cdiv(s_max, probs_block))](
         q_window, table, scales, src_slots, src_lens, m_part, l_part, out,
         n_req, s_max, SPLITS_P=max(2, next_pow2(n_splits)),
-        BLOCK_S=probs_block, num_warps=probs_warps, **common,
+        BLOCK_S=probs_block, num_warps=probs_warps, **wide, **common,
     )
     return out
 

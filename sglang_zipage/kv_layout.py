@@ -222,8 +222,10 @@ class HybridSWALayout(KVLayout):
     name = "hybrid-swa"
 
     def __init__(self, pool, attns: Dict[int, list]):
-        full = sorted(l for l, (_, is_swa) in pool.layers_mapping.items() if not is_swa)
-        swa = sorted(l for l, (_, is_swa) in pool.layers_mapping.items() if is_swa)
+        # layers the model has (a pool sized from a longer config may map more)
+        mapping = {l: v for l, v in pool.layers_mapping.items() if l in attns}
+        full = sorted(l for l, (_, is_swa) in mapping.items() if not is_swa)
+        swa = sorted(l for l, (_, is_swa) in mapping.items() if is_swa)
         if not full:
             raise ZipageUnsupported(f"every attention layer has a sliding window: nothing "
                                     f"to compress; {DISABLE_HINT}")

@@ -85,6 +85,20 @@ def test_latent_rows_with_one_kv_head_for_sixteen_query_heads(fp8):
                                atol=1e-6, rtol=1e-4)
 
 
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="bf16 tl.dot is only right on a GPU")
+@pytest.mark.parametrize("fp8", [None, torch.float8_e4m3fn])
+def test_latent_rows_in_bf16_on_the_gpu(fp8):
+    """DeepSeek-V2-Lite's decode shape in the model dtype: 16 query heads on one 576-wide
+    latent KV head, 2304 tokens (it must also compile within the GPU's shared memory)."""
+    pool = make_pool([300, 2304], n_layers=2, hkv=1, d=576, dtype=torch.bfloat16, page_size=16)
+    keys = fp8_keys(pool, fp8) if fp8 else pool.k
+    scales = torch.tensor([1.0, 0.5], device=device()) if fp8 else None
+    q = (queries(2, 2, 16, 16, 576) * 0.2).to(torch.bfloat16)
+    args = (q, keys, pool.src_slots, pool.src_lens, 576 ** -0.5, fp8, scales)
+    torch.testing.assert_close(scores_mod.window_attention_scores(*args),
+                               window_attention_scores_ref(*args), atol=1e-3, rtol=3e-2)
+
+
 def test_fp8_keys_need_uint8_storage_and_a_known_format():
     pool = make_pool([8], hkv=2, d=64)
     q = queries(2, 1, 16, 4, 64)
