@@ -1,0 +1,72 @@
+"""Model families beyond dense MHA on SGLang's CPU path (issue 15): tiny dummy-weight configs
+under tests/e2e/models/, served by real servers (token ids in, --skip-tokenizer-init).
+
+- Gemma 3 (tiny-gemma3: 2 sliding-window layers of 32 tokens, 2 global layers, one KV
+  head): the global layers compress, the sliding-window layers keep their newest tokens.
+- FP8 KV (tiny-qwen3 with --kv-cache-dtype fp8_e4m3): scoring reads the FP8 keys,
+  compaction moves their bytes.
+For each: 4 requests that outgrow budget + buffer complete with their KV bounded, and
+short requests (never compressed) give stock's tokens, both sides in one batch on an idle
+server with an empty cache. What the CPU path cannot serve: MLA (SGLang 0.5.17's
+torch_native prefill fails on DeepSeek's latent attention, with or without zipage) and
+gpt-oss (needs the triton attention backend); both run in benchmarks/coverage.py on the GPU.
+Run: .venv/bin/python -m pytest tests/e2e/test_model_families.py
+"""
+
+import random
+
+import pytest
+
+from zipage_server import REPO, STRICT_MEM_ENV, Server, assert_healthy
+
+BUDGET, BUFFER = 64, 16
+FAMILIES = {"gemma3": ("tiny-gemma3", []), "fp8": ("tiny-qwen3", ["--kv-cache-dtype", "fp8_e4m3"])}
+
+
+def _prompts(n, length, seed):
+    rng = random.Random(seed)
+    return [[rng.randrange(10, 1000) for _ in range(length)] for _ in range(n)]
+
+
+def _greedy(n):
+    return {"max_new_tokens": n, "temperature": 0, "ignore_eos": True}
+
+
+@pytest.fixture(scope="module", params=sorted(FAMILIES))
+def family(request, tmp_path_factory):
+    name, extra = FAMILIES[request.param]
+    args = ["--model-path", str(REPO / "tests/e2e/models" / name), "--load-format", "dummy",
+            "--skip-tokenizer-init", "--max-total-tokens", "2048", "--random-seed", "0", *extra]
+    logs = tmp_path_factory.mktemp(f"family-{request.param}")
+    zipage = Server([*args, "--zipage-kv-budget", str(BUDGET), "--zipage-buffer", str(BUFFER)],
+                    logs / "zipage.log", env=STRICT_MEM_ENV)
+    stock = Server([*args, "--zipage-disable"], logs / "stock.log", env=STRICT_MEM_ENV)
+    yield request.param, zipage, stock
+    zipage.stop()
+    stock.stop()
+
+
+def test_compresses_with_the_kv_bounded_and_short_outputs_equal_stock(family):
+    name, zipage, stock = family
+    zipage.idle_and_flushed()
+    outs = zipage.generate_ids(_prompts(4, 30, 1), [_greedy(200)] * 4)
+    state = zipage.zipage_state()
+    assert state["layout"]["layout"] == {"gemma3": "mha+sliding-window", "fp8": "mha"}[name]
+    if name == "fp8":
+        assert state["layout"]["key_dtype"] == "torch.float8_e4m3fn"
+    else:
+        assert state["layout"]["recent_layers"] == 2 and state["layout"]["scored_layers"] == 2
+    for o in outs:
+        meta = o["meta_info"]
+        assert meta["completion_tokens"] == 200
+        assert meta["zipage_compactions"] >= (200 - BUDGET - BUFFER) // BUFFER + 1
+        assert meta["zipage_kv_len"] <= meta["prompt_tokens"] + BUDGET + BUFFER
+    assert state["max_suffix_tokens"] <= BUDGET + BUFFER
+    short = _prompts(3, 40, 2)
+    zipage.idle_and_flushed()
+    ours = zipage.generate_ids(short, [_greedy(24)] * 3)
+    stock.idle_and_flushed()
+    theirs = stock.generate_ids(short, [_greedy(24)] * 3)
+    assert [o["output_ids"] for o in ours] == [o["output_ids"] for o in theirs]
+    assert all(o["meta_info"]["zipage_compactions"] == 0 for o in ours)
+    assert_healthy(zipage)
