@@ -39,19 +39,14 @@ def stock_server(tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
-def default_server(tmp_path_factory):
-    """Compression on with the default budget: no short request ever compresses."""
-    yield from _server(tmp_path_factory, "default", [])
-
-
-@pytest.fixture(scope="session")
-def references(default_server):
+def references(zipage_server):
     """The model's greedy full-KV continuations (REFERENCE_TOKENS each) of REFERENCE_PROMPTS:
-    prompt -> (prompt ids, continuation ids). Teacher forcing decodes them under compression;
-    with full KV each forced step's top-1 is the reference token itself."""
+    prompt -> (prompt ids, continuation ids), decoded with compression off for these requests
+    (zipage_kv_budget 0). Teacher forcing decodes them under compression; with full KV each
+    forced step's top-1 is the reference token itself."""
     prompts = [token_ids(chat_prompt(p)) for p in REFERENCE_PROMPTS]
-    outs = default_server.generate_ids(
-        prompts, [{"max_new_tokens": REFERENCE_TOKENS, "temperature": 0, "ignore_eos": True}
-                  for _ in prompts])
+    outs = zipage_server.generate_ids(
+        prompts, [{"max_new_tokens": REFERENCE_TOKENS, "temperature": 0, "ignore_eos": True,
+                   "zipage_kv_budget": 0} for _ in prompts])
     assert all(o["meta_info"]["zipage_compactions"] == 0 for o in outs)  # full KV
     return {p: (ids, o["output_ids"]) for p, ids, o in zip(REFERENCE_PROMPTS, prompts, outs)}

@@ -21,7 +21,7 @@ from zipage_server import (CHUNK_TOKENS, POOL_TOKENS, REFERENCE_PROMPTS, STRICT_
 PAGE = 16
 BUDGET, BUFFER, LAG = 64, 32, 16  # lag = async_lag(16): a compaction starts at suffix 80
 LIMIT = BUDGET + BUFFER
-PROMPTS = REFERENCE_PROMPTS
+PROMPTS = [*REFERENCE_PROMPTS, "Give advice to a student starting university."]
 
 
 @pytest.fixture(scope="module")
@@ -46,7 +46,7 @@ def test_async_compresses_with_bounded_footprint_while_a_long_prompt_prefills(
     budget + buffer and the compressed model still predicts most reference tokens."""
     before = async_server.zipage_state()
     long_prompt = chat_prompt("Summarize: " + "Bees make honey in hives and dance to share news. " * 25)
-    prompts, refs = zip(*(references[p] for p in PROMPTS[:2]))
+    prompts, refs = zip(*(references[p] for p in REFERENCE_PROMPTS))
     n = len(refs[0])
     with ThreadPoolExecutor(2) as ex:
         busy = ex.submit(force, async_server, list(prompts), list(refs), tmp_path)

@@ -1,8 +1,7 @@
 """Compressed PagedAttention inside SGLang, on the real bundled model (issue 4).
 
-Servers (tests/e2e/conftest.py): `zipage_server` (budget 64 + buffer 16), `stock_server`
-(--zipage-disable) and `default_server` (budget 2048), all with a 640-token KV pool and
-SGLang's strict memory checker on.
+Servers (tests/e2e/conftest.py): `zipage_server` (budget 64 + buffer 16) and `stock_server`
+(--zipage-disable), both with a 640-token KV pool and SGLang's strict memory checker on.
 Run: .venv/bin/python -m pytest tests/e2e/test_compression.py
 """
 
@@ -14,7 +13,7 @@ from zipage_server import (CHUNK_TOKENS, POOL_TOKENS, REFERENCE_PROMPTS, SMALL_B
                            STRICT_MEM_ENV, Server, assert_healthy, chat_prompt, force,
                            top1_agreement)
 
-PROMPTS = REFERENCE_PROMPTS
+PROMPTS = [*REFERENCE_PROMPTS, "Give advice to a student starting university."]
 SYSTEM = ("You are a patient teacher. You explain science to children with short, clear "
           "sentences, friendly examples from daily life, and no jargon. " * 5)
 
@@ -28,20 +27,21 @@ def _running_counts(log_text):
     return [int(m) for m in re.findall(r"#running-req: (\d+)", log_text)]
 
 
-def test_outputs_identical_to_stock_when_budget_never_fills(default_server, stock_server):
-    """Below the budget zipage changes nothing: the same greedy tokens and log-probabilities
-    as stock. Each request runs alone on an idle server with an empty cache, so both sides
-    compute with the same batch composition."""
+def test_outputs_identical_to_stock_when_budget_never_fills(zipage_server, stock_server):
+    """Below budget + buffer (80 tokens) zipage changes nothing: the same greedy tokens and
+    log-probabilities as stock. Each request runs alone on an idle server with an empty
+    cache, so both sides compute with the same batch composition."""
+    before = zipage_server.zipage_state()["compactions"]
     for p in PROMPTS:
-        default_server.idle_and_flushed()
-        ours = default_server.generate(chat_prompt(p), 80, return_logprob=True)
+        zipage_server.idle_and_flushed()
+        ours = zipage_server.generate(chat_prompt(p), 64, return_logprob=True)
         stock_server.idle_and_flushed()
-        stock = stock_server.generate(chat_prompt(p), 80, return_logprob=True)
+        stock = stock_server.generate(chat_prompt(p), 64, return_logprob=True)
         assert ours["text"] == stock["text"]
         assert _logprobs(ours) == _logprobs(stock)
         assert ours["meta_info"]["zipage_compactions"] == 0
         assert "zipage_compactions" not in stock["meta_info"]
-    assert default_server.zipage_state()["compactions"] == 0
+    assert zipage_server.zipage_state()["compactions"] == before
 
 
 def _logprobs(out):
@@ -50,16 +50,28 @@ def _logprobs(out):
 
 def test_compression_keeps_footprint_bounded_and_predictions_close_to_full_kv(
         zipage_server, references, tmp_path):
-    """Three requests decode the model's own full-KV greedy continuations (teacher forcing)
-    while compressing: the KV stays within budget + buffer, and the compressed model still
-    predicts most of those tokens as its top-1 (full KV: all of them)."""
+    """Two requests decode the model's own full-KV greedy continuations (teacher forcing)
+    while compressing, and a long prompt is prefilled in chunks meanwhile: the KV stays within
+    budget + buffer, and the compressed model still predicts most of those tokens as its
+    top-1 (full KV: all of them)."""
     before = zipage_server.zipage_state()
-    prompts, refs = zip(*(references[p] for p in PROMPTS))
-    records = force(zipage_server, list(prompts), list(refs), tmp_path)
+    start = len(zipage_server.log())
+    prompts, refs = zip(*(references[p] for p in REFERENCE_PROMPTS))
+    long_prompt = chat_prompt("Summarize: " + "Bees make honey in hives and dance to share news. " * 25)
+    with ThreadPoolExecutor(2) as ex:
+        busy = ex.submit(force, zipage_server, list(prompts), list(refs), tmp_path)
+        deadline = time.monotonic() + 600  # orchestration only: wait until they compress
+        while zipage_server.zipage_state()["compactions"] == before["compactions"] and time.monotonic() < deadline:
+            time.sleep(0.5)
+        long_out = ex.submit(zipage_server.generate, long_prompt, 24).result()
+        records = busy.result()
     after = zipage_server.zipage_state()
     n = len(refs[0])
+    assert long_out["meta_info"]["prompt_tokens"] > 4 * int(CHUNK_TOKENS)
+    assert long_out["text"].strip()
+    assert f"#new-token: {CHUNK_TOKENS}," in zipage_server.log()[start:]  # the prompt went in chunks
     # every request compresses once per 16 tokens after its first 80
-    assert after["compactions"] - before["compactions"] >= len(PROMPTS) * ((n - 80) // 16)
+    assert after["compactions"] - before["compactions"] >= len(refs) * ((n - 80) // 16)
     assert after["max_suffix_tokens"] <= 80  # I6: suffix <= budget + buffer
     for rec, ref in zip(records, refs):
         meta = rec["meta_info"]
@@ -98,13 +110,13 @@ def test_budget_lets_requests_run_together_where_stock_queues(zipage_server, sto
     runs = {}
     for name, server in (("zipage", zipage_server), ("stock", stock_server)):
         start = len(server.log())
-        outs = _parallel(server, prompts, 300, ignore_eos=True)
-        assert all(o["meta_info"]["completion_tokens"] == 300 for o in outs)
+        outs = _parallel(server, prompts, 200, ignore_eos=True)
+        assert all(o["meta_info"]["completion_tokens"] == 200 for o in outs)
         runs[name] = (max(_running_counts(server.log()[start:]) or [0]),
                       sum(o["meta_info"]["num_retractions"] for o in outs))
     assert runs["zipage"] == (4, 0), runs  # 4 x (prompt + 80) fits the 640-token pool
     stock_running, stock_retractions = runs["stock"]
-    assert stock_running < 4 or stock_retractions > 0, runs  # 4 x 330 tokens does not
+    assert stock_running < 4 or stock_retractions > 0, runs  # 4 x 215 tokens does not
     assert_healthy(zipage_server)
 
 
@@ -121,8 +133,8 @@ def test_compressed_requests_survive_retraction_and_sigterm_stops_cleanly(tmp_pa
     env = {**STRICT_MEM_ENV, "SGLANG_TEST_RETRACT": "1", "SGLANG_TEST_RETRACT_INTERVAL": "40"}
     server = Server(["--max-total-tokens", POOL_TOKENS, *SMALL_BUDGET], tmp_path / "r.log", env=env)
     try:
-        outs = _parallel(server, [chat_prompt(p) for p in PROMPTS], 300, ignore_eos=True)
-        assert all(o["meta_info"]["completion_tokens"] == 300 for o in outs)
+        outs = _parallel(server, [chat_prompt(p) for p in PROMPTS], 200, ignore_eos=True)
+        assert all(o["meta_info"]["completion_tokens"] == 200 for o in outs)
         assert sum(o["meta_info"]["num_retractions"] for o in outs) > 0
         assert all(o["meta_info"]["zipage_compactions"] > 0 for o in outs)
         assert all(o["text"].strip() for o in outs)
@@ -130,26 +142,3 @@ def test_compressed_requests_survive_retraction_and_sigterm_stops_cleanly(tmp_pa
     finally:
         alive = server.stop()
     assert alive == [], f"processes left after SIGTERM: {alive}"
-
-
-def test_chunked_prefill_of_a_long_prompt_while_others_compress(zipage_server):
-    before = zipage_server.zipage_state()["compactions"]
-    start = len(zipage_server.log())
-    long_prompt = chat_prompt("Summarize: " + "Bees make honey in hives and dance to share news. " * 25)
-    with ThreadPoolExecutor(3) as ex:
-        busy = [ex.submit(zipage_server.generate, chat_prompt(p), 300, ignore_eos=True)
-                for p in PROMPTS[:2]]
-        deadline = time.monotonic() + 600  # orchestration only: wait until they compress
-        while zipage_server.zipage_state()["compactions"] == before and time.monotonic() < deadline:
-            time.sleep(0.5)
-        long_out = ex.submit(zipage_server.generate, long_prompt, 24).result()
-        outs = [f.result() for f in busy]
-    assert all(o["meta_info"]["completion_tokens"] == 300 for o in outs)
-    assert long_out["meta_info"]["prompt_tokens"] > 4 * int(CHUNK_TOKENS)
-    assert long_out["text"].strip()
-    log = zipage_server.log()[start:]
-    assert f"#new-token: {CHUNK_TOKENS}," in log  # the prompt went in chunks
-    after = zipage_server.zipage_state()
-    assert after["compactions"] >= before + 2 * (300 - 80) // 16 - 2
-    assert after["max_suffix_tokens"] <= 80
-    assert_healthy(zipage_server)

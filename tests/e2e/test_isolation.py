@@ -17,7 +17,7 @@ from zipage_server import assert_healthy, chat_prompt, token_ids
 PROBE = chat_prompt("Explain why the sky is blue, step by step.")
 NEIGHBOURS = [chat_prompt(p) for p in ("Describe how a bicycle works.",
                                        "Give advice to a student starting university.")]
-PROBE_TOKENS, NEIGHBOUR_TOKENS = 160, 180  # the neighbours outlive the probe
+PROBE_TOKENS, NEIGHBOUR_TOKENS = 128, 144  # the neighbours outlive the probe
 LIMIT, BUFFER = 64 + 16, 16
 
 

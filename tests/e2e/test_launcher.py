@@ -1,4 +1,8 @@
-"""The launcher's CLI: --help, and startup refusals that name the flag (issue 2, 4).
+"""The launcher's CLI: --help, and startup refusals that name the flag (issue 2, 4, 15).
+
+Most refusals are checked in this process through launch_server.prepare (what main runs
+first); --help, a bad flag type (argparse), several refusals at once and a refused model
+run the real command.
 
 Run: .venv/bin/python -m pytest tests/e2e/test_launcher.py
 """
@@ -26,38 +30,63 @@ def test_help_lists_zipage_flags_with_defaults():
     assert "default: 2048" in r.stdout
 
 
+def _refusal(*args):
+    """The launcher's startup checks in this process (launch_server.prepare, what main runs
+    before anything starts): the message it exits with, or None if it would start."""
+    from sglang_zipage import launch_server
+
+    try:
+        launch_server.prepare(list(args))
+    except SystemExit as e:
+        return str(e.code)
+    return None
+
+
+@pytest.fixture
+def clean_env(monkeypatch):
+    """prepare() exports the zipage config on success; keep it out of later servers."""
+    from sglang_zipage.config import ENV_VAR
+
+    monkeypatch.delenv(ENV_VAR, raising=False)
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+
+
 @pytest.mark.parametrize("args, flag", [
     (["--zipage-kv-budget", "0"], "--zipage-kv-budget"),
     (["--zipage-kv-budget", "8", "--zipage-window", "16"], "--zipage-kv-budget"),
     (["--zipage-decay", "1.5"], "--zipage-decay"),
     (["--zipage-pooling", "4"], "--zipage-pooling"),
-    (["--zipage-redundancy", "sometimes"], "--zipage-redundancy"),
-    (["--zipage-kv-budget", "many"], "--zipage-kv-budget"),
 ])
-def test_invalid_zipage_values_stop_startup_naming_the_flag(args, flag):
-    r = _launch(*args, "--model-path", "/nonexistent-model-never-loaded", timeout=60)
+def test_invalid_zipage_values_stop_startup_naming_the_flag(clean_env, args, flag):
+    msg = _refusal(*args, "--model-path", "/nonexistent-model-never-loaded")
+    assert msg is not None and flag in msg
+
+
+@pytest.mark.parametrize("args, flag", [
+    (["--zipage-kv-budget", "many"], "--zipage-kv-budget"),
+    (["--zipage-redundancy", "sometimes"], "--zipage-redundancy"),
+])
+def test_values_argparse_rejects_stop_startup_naming_the_flag(args, flag):
+    r = _launch(*args, "--model-path", "/nonexistent", timeout=60)
     assert r.returncode != 0
     assert flag in r.stderr
 
 
-def test_budget_must_be_page_aligned():
-    r = _launch("--page-size", "16", "--zipage-kv-budget", "100")
-    assert r.returncode != 0
-    assert "--zipage-kv-budget" in r.stderr and "--page-size 16" in r.stderr
+def test_budget_must_be_page_aligned(clean_env):
+    msg = _refusal("--page-size", "16", "--zipage-kv-budget", "100")
+    assert "--zipage-kv-budget" in msg and "--page-size 16" in msg
 
 
 @pytest.mark.parametrize("flag", ["--enable-mixed-chunk", "--enable-torch-compile"])
-def test_unsupported_feature_is_refused_with_a_way_out(flag):
-    r = _launch(flag)
-    assert r.returncode != 0
-    assert flag in r.stderr and "--zipage-disable" in r.stderr
+def test_unsupported_feature_is_refused_with_a_way_out(clean_env, flag):
+    msg = _refusal(flag)
+    assert flag in msg and "--zipage-disable" in msg
 
 
-def test_async_needs_a_buffer_longer_than_its_head_start():
-    r = _launch("--zipage-async", "--page-size", "16", "--zipage-kv-budget", "64",
-                "--zipage-buffer", "16")
-    assert r.returncode != 0
-    assert "--zipage-buffer" in r.stderr and "--zipage-async" in r.stderr
+def test_async_needs_a_buffer_longer_than_its_head_start(clean_env):
+    msg = _refusal("--zipage-async", "--page-size", "16", "--zipage-kv-budget", "64",
+                   "--zipage-buffer", "16")
+    assert "--zipage-buffer" in msg and "--zipage-async" in msg
 
 
 def test_every_refusal_is_named_in_one_message():

@@ -14,6 +14,7 @@ Run: .venv/bin/python -m pytest tests/e2e/test_model_families.py
 """
 
 import random
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
@@ -38,9 +39,11 @@ def family(request, tmp_path_factory):
     args = ["--model-path", str(REPO / "tests/e2e/models" / name), "--load-format", "dummy",
             "--skip-tokenizer-init", "--max-total-tokens", "2048", "--random-seed", "0", *extra]
     logs = tmp_path_factory.mktemp(f"family-{request.param}")
-    zipage = Server([*args, "--zipage-kv-budget", str(BUDGET), "--zipage-buffer", str(BUFFER)],
-                    logs / "zipage.log", env=STRICT_MEM_ENV)
-    stock = Server([*args, "--zipage-disable"], logs / "stock.log", env=STRICT_MEM_ENV)
+    with ThreadPoolExecutor(2) as ex:  # both start at once
+        zipage = ex.submit(Server, [*args, "--zipage-kv-budget", str(BUDGET), "--zipage-buffer",
+                                    str(BUFFER)], logs / "zipage.log", env=STRICT_MEM_ENV)
+        stock = ex.submit(Server, [*args, "--zipage-disable"], logs / "stock.log", env=STRICT_MEM_ENV)
+        zipage, stock = zipage.result(), stock.result()
     yield request.param, zipage, stock
     zipage.stop()
     stock.stop()
