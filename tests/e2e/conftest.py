@@ -11,7 +11,7 @@ for one) reaches the scheduler as one message: the same batch composition on eve
 import pytest
 
 from zipage_server import (CHUNK_TOKENS, POOL_TOKENS, REFERENCE_PROMPTS, REFERENCE_TOKENS,
-                           SMALL_BUDGET, STRICT_MEM_ENV, Server, chat_prompt, token_ids)
+                           SMALL_BUDGET, STRICT_MEM_ENV, Server, chat_prompt, force, token_ids)
 
 COMMON_ARGS = ["--max-total-tokens", POOL_TOKENS, "--chunked-prefill-size", CHUNK_TOKENS,
                "--enable-custom-logit-processor", "--enable-tokenizer-batch-encode"]
@@ -39,14 +39,16 @@ def stock_server(tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
-def references(zipage_server):
-    """The model's greedy full-KV continuations (REFERENCE_TOKENS each) of REFERENCE_PROMPTS:
-    prompt -> (prompt ids, continuation ids), decoded with compression off for these requests
-    (zipage_kv_budget 0). Teacher forcing decodes them under compression; with full KV each
-    forced step's top-1 is the reference token itself."""
+def references(zipage_server, tmp_path_factory):
+    """The model's greedy full-KV continuations (REFERENCE_TOKENS each) of REFERENCE_PROMPTS,
+    decoded with compression off for these requests (zipage_kv_budget 0), and their teacher-
+    forced full-KV record (per-step log-probabilities): prompt -> (prompt ids, continuation
+    ids, full-KV record). Tests force the same tokens under compression and compare."""
     prompts = [token_ids(chat_prompt(p)) for p in REFERENCE_PROMPTS]
     outs = zipage_server.generate_ids(
         prompts, [{"max_new_tokens": REFERENCE_TOKENS, "temperature": 0, "ignore_eos": True,
                    "zipage_kv_budget": 0} for _ in prompts])
     assert all(o["meta_info"]["zipage_compactions"] == 0 for o in outs)  # full KV
-    return {p: (ids, o["output_ids"]) for p, ids, o in zip(REFERENCE_PROMPTS, prompts, outs)}
+    refs = [o["output_ids"] for o in outs]
+    full = force(zipage_server, prompts, refs, tmp_path_factory.mktemp("full-kv"), zipage_kv_budget=0)
+    return {p: (ids, ref, rec) for p, ids, ref, rec in zip(REFERENCE_PROMPTS, prompts, refs, full)}

@@ -16,7 +16,7 @@ import pytest
 import requests
 
 from zipage_server import (CHUNK_TOKENS, POOL_TOKENS, REFERENCE_PROMPTS, STRICT_MEM_ENV, Server,
-                           assert_healthy, chat_prompt, force, top1_agreement)
+                           assert_healthy, chat_prompt, force, nll_ratio, top1_agreement)
 
 PAGE = 16
 BUDGET, BUFFER, LAG = 64, 32, 16  # lag = async_lag(16): a compaction starts at suffix 80
@@ -46,7 +46,7 @@ def test_async_compresses_with_bounded_footprint_while_a_long_prompt_prefills(
     budget + buffer and the compressed model still predicts most reference tokens."""
     before = async_server.zipage_state()
     long_prompt = chat_prompt("Summarize: " + "Bees make honey in hives and dance to share news. " * 25)
-    prompts, refs = zip(*(references[p] for p in REFERENCE_PROMPTS))
+    prompts, refs, full = zip(*(references[p] for p in REFERENCE_PROMPTS))
     n = len(refs[0])
     with ThreadPoolExecutor(2) as ex:
         busy = ex.submit(force, async_server, list(prompts), list(refs), tmp_path)
@@ -63,13 +63,15 @@ def test_async_compresses_with_bounded_footprint_while_a_long_prompt_prefills(
     assert after["async_compactions"] > before["async_compactions"]
     assert after["compactions"] - before["compactions"] >= 2 * ((n - LIMIT) // BUFFER)
     assert after["max_suffix_tokens"] <= LIMIT  # I6 holds while compactions are in flight
-    for rec, ref in zip(records, refs):
+    for rec, ref, full_rec in zip(records, refs, full):
         meta = rec["meta_info"]
         assert meta["completion_tokens"] == n
         assert meta["zipage_compactions"] >= (n - LIMIT) // BUFFER
         # compacted to 64 plus the tokens decoded since: never more than the limit
         assert meta["prompt_tokens"] - PAGE < meta["zipage_kv_len"] <= meta["prompt_tokens"] + LIMIT
         assert top1_agreement(rec, ref) >= 0.5, top1_agreement(rec, ref)
+        # teacher-forced cost of compression against full KV, both measured in this run
+        assert nll_ratio(rec, full_rec) <= 2.0, nll_ratio(rec, full_rec)
     assert_healthy(async_server)
 
 

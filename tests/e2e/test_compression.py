@@ -11,7 +11,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 from zipage_server import (CHUNK_TOKENS, POOL_TOKENS, REFERENCE_PROMPTS, SMALL_BUDGET,
                            STRICT_MEM_ENV, Server, assert_healthy, chat_prompt, force,
-                           top1_agreement)
+                           nll_ratio, top1_agreement)
 
 PROMPTS = [*REFERENCE_PROMPTS, "Give advice to a student starting university."]
 SYSTEM = ("You are a patient teacher. You explain science to children with short, clear "
@@ -56,7 +56,7 @@ def test_compression_keeps_footprint_bounded_and_predictions_close_to_full_kv(
     top-1 (full KV: all of them)."""
     before = zipage_server.zipage_state()
     start = len(zipage_server.log())
-    prompts, refs = zip(*(references[p] for p in REFERENCE_PROMPTS))
+    prompts, refs, full = zip(*(references[p] for p in REFERENCE_PROMPTS))
     long_prompt = chat_prompt("Summarize: " + "Bees make honey in hives and dance to share news. " * 25)
     with ThreadPoolExecutor(2) as ex:
         busy = ex.submit(force, zipage_server, list(prompts), list(refs), tmp_path)
@@ -73,13 +73,15 @@ def test_compression_keeps_footprint_bounded_and_predictions_close_to_full_kv(
     # every request compresses once per 16 tokens after its first 80
     assert after["compactions"] - before["compactions"] >= len(refs) * ((n - 80) // 16)
     assert after["max_suffix_tokens"] <= 80  # I6: suffix <= budget + buffer
-    for rec, ref in zip(records, refs):
+    for rec, ref, full_rec in zip(records, refs, full):
         meta = rec["meta_info"]
         assert meta["completion_tokens"] == n
         assert meta["zipage_compactions"] >= (n - 80) // 16
         assert rec["compactions_before"][-1] >= (n - 80) // 16 - 1  # decoded under compression
         assert meta["prompt_tokens"] < meta["zipage_kv_len"] <= meta["prompt_tokens"] + 80
         assert top1_agreement(rec, ref) >= 0.5, top1_agreement(rec, ref)
+        # teacher-forced cost of compression against full KV, both measured in this run
+        assert nll_ratio(rec, full_rec) <= 2.0, nll_ratio(rec, full_rec)
     assert_healthy(zipage_server)
 
 
