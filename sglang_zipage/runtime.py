@@ -63,6 +63,7 @@ class ZipageRuntime:
             redundancy_lambda=config.redundancy_lambda, redundancy_tau=config.redundancy_tau,
             pooling=config.pooling, sink=config.sink, selection=config.selection)
         self.budget: Optional[Budget] = None
+        self.layout: Optional[kv_layout.KVLayout] = None  # set by attach
         self.window: Optional[QueryWindow] = None
         self.pending: List[CompactionPlan] = []
         self.launches: List[ShadowLaunch] = []  # planned, launched at the next flush
@@ -171,12 +172,16 @@ class ZipageRuntime:
         return max(0, req.kv_committed_len - c0)
 
     def budget_of(self, req) -> Optional[Budget]:
-        """The request's budget: its own zipage_kv_budget, the server's, or None (off)."""
+        """The request's budget: its own zipage_kv_budget, the server's, or None (off). An
+        own budget below the model's sliding window is raised to it (page aligned): the
+        sliding-window layers need that many tokens kept (kv_layout.KVLayout.min_kv_budget)."""
         own = request_budget.of(req)
         if own is None:
             return self.budget
         if own == 0:
             return None
+        page = self.page_size
+        own = max(own, -(-self.layout.min_kv_budget // page) * page)
         if own not in self._budgets:
             self._budgets[own] = dataclasses.replace(self.budget, kv_budget=own)
         return self._budgets[own]
