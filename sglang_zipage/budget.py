@@ -10,7 +10,8 @@ Invariants (checked where they are established; tests call the checkers):
   I1  req_to_token[r, j] % page == j % page   (SGLang's paged allocator invariant)
   I2  c0, the kept count k and every freed column range start on a page boundary
   I3  columns below c0 are never moved or freed by compaction
-  I4  a compressed request's KV never enters the radix tree (skip_radix_cache_insert)
+  I4  a compressed request's KV never enters the radix tree (skip_radix_cache_insert), nor
+      does the output KV a retracted request re-prefills (it must stay compressible)
   I5  logical position = physical length + pos_offset
   I6  suffix length <= kv_budget + buffer at every decode step
 """

@@ -116,6 +116,20 @@ def _reset_on_retract(result, req):
     RUNTIME.on_retract(req)
 
 
+def _outputs_stay_private(original, req, tree_cache, **kwargs):
+    """A retracted request re-prefills prompt + output. Inserted into the tree, the output
+    would be shared, so never compressible: each retraction would grow the request's
+    footprint past its budget. Its output KV stays its own; like SGLang's own
+    cache_unfinished_req, the next chunk starts from all KV written so far."""
+    n = len(req.get_fill_ids())
+    if not (RUNTIME.ready and RUNTIME.keeps_outputs_private(req, n)):
+        return original(req, tree_cache, **kwargs)
+    import torch
+
+    req.prefix_indices = tree_cache.req_to_token_pool.req_to_token[
+        req.req_pool_idx, :n].to(dtype=torch.int64, copy=True)
+
+
 def _report_state(result, scheduler, *args, **kwargs):
     running = scheduler.running_batch.reqs if scheduler.running_batch is not None else []
     result.internal_state["zipage"] = RUNTIME.report(running)
@@ -200,6 +214,8 @@ def _hook_table():
          "asynchronous compaction's fresh slots (L319)"),
         ("managers.schedule_batch.Req.reset_for_retract", T.AFTER, _reset_on_retract,
          "a retracted request re-prefills; its suffix starts over (L1603)"),
+        ("mem_cache.common.maybe_cache_unfinished_req", T.AROUND, _outputs_stay_private,
+         "re-prefilled output KV stays out of the tree, so it compresses again (L98)"),
         ("managers.scheduler.Scheduler.get_internal_state", T.AFTER, _report_state,
          "/server_info shows the active zipage config and counters (L4165)"),
         ("managers.schedule_batch.Req.__init__", T.AFTER, _attach_meta_info,

@@ -228,6 +228,11 @@ class ZipageRuntime:
             # c0 is recomputed at its next decode step, from the prefix it re-matched.
             req.zipage = ReqState(c0=None, compactions=st.compactions)
 
+    def keeps_outputs_private(self, req, filled: int) -> bool:
+        """A re-prefill that reaches past the prompt (after retraction) keeps its output KV
+        out of the radix tree: only the request's own columns can be compressed."""
+        return filled > len(req.origin_input_ids) and self.budget_of(req) is not None
+
     # ------------------------------------------------------- decode step
     def before_decode(self, batch) -> None:
         """Plan compactions for requests whose suffix reached the limit; free their pages.

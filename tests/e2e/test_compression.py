@@ -129,16 +129,23 @@ def test_output_longer_than_the_pool_completes(zipage_server):
 
 
 def test_compressed_requests_survive_retraction_and_sigterm_stops_cleanly(tmp_path):
-    """SGLang's test hook retracts a running request every 40 forwards; once all are
-    compressed, compressed ones are retracted too: they re-prefill their prompt + output
-    (exact KV), compress again, and still finish with their full output."""
+    """SGLang's test hook retracts a running request every 40 forwards (uncompressed ones
+    first). A retracted request re-prefills prompt + output in 64-token chunks (exact KV);
+    its output KV stays its own, so it compresses again and ends within prompt + budget +
+    buffer, like every other request, with its full output."""
     env = {**STRICT_MEM_ENV, "SGLANG_TEST_RETRACT": "1", "SGLANG_TEST_RETRACT_INTERVAL": "40"}
-    server = Server(["--max-total-tokens", POOL_TOKENS, *SMALL_BUDGET], tmp_path / "r.log", env=env)
+    server = Server(["--max-total-tokens", POOL_TOKENS, "--chunked-prefill-size", CHUNK_TOKENS,
+                     *SMALL_BUDGET], tmp_path / "r.log", env=env)
     try:
+        limit = server.zipage_state()["budget_limit_tokens"]
         outs = _parallel(server, [chat_prompt(p) for p in PROMPTS], 200, ignore_eos=True)
-        assert all(o["meta_info"]["completion_tokens"] == 200 for o in outs)
-        assert sum(o["meta_info"]["num_retractions"] for o in outs) > 0
-        assert all(o["meta_info"]["zipage_compactions"] > 0 for o in outs)
+        facts = [{k: o["meta_info"][k] for k in ("completion_tokens", "num_retractions",
+                                                 "zipage_compactions", "zipage_kv_len",
+                                                 "prompt_tokens")} for o in outs]
+        assert all(f["completion_tokens"] == 200 for f in facts), facts
+        assert sum(f["num_retractions"] for f in facts) > 0, facts
+        assert all(f["zipage_compactions"] > 0 for f in facts), facts
+        assert all(f["zipage_kv_len"] <= f["prompt_tokens"] + limit for f in facts), facts
         assert all(o["text"].strip() for o in outs)
         assert_healthy(server)
     finally:
