@@ -41,6 +41,10 @@ class ReqState:
     max_suffix: int = 0  # largest suffix seen at a decode step (I6 evidence)
     shadow: Any = None  # its asynchronous compaction in flight (runtime.Shadow), if any
 
+    def physical(self, logical: int) -> int:
+        """A logical length (positions) as the columns it occupies (I5)."""
+        return logical - self.pos_offset
+
 
 @dataclass(frozen=True)
 class Budget:

@@ -116,6 +116,11 @@ def _reset_on_retract(result, req):
     RUNTIME.on_retract(req)
 
 
+def _physical_swa_eviction(original, batch, req, pre_len):
+    # SGLang passes the logical length (req.seqlen - 1); the columns are physical.
+    return original(batch, req, RUNTIME.physical_len(req, pre_len) if RUNTIME.ready else pre_len)
+
+
 def _outputs_stay_private(original, req, tree_cache, **kwargs):
     """A retracted request re-prefills prompt + output. Inserted into the tree, the output
     would be shared, so never compressible: each retraction would grow the request's
@@ -214,6 +219,8 @@ def _hook_table():
          "asynchronous compaction's fresh slots (L319)"),
         ("managers.schedule_batch.Req.reset_for_retract", T.AFTER, _reset_on_retract,
          "a retracted request re-prefills; its suffix starts over (L1603)"),
+        ("managers.schedule_batch.ScheduleBatch._evict_swa", T.AROUND, _physical_swa_eviction,
+         "sliding-window slots are freed by physical column, not logical length (L3264)"),
         ("mem_cache.common.maybe_cache_unfinished_req", T.AROUND, _outputs_stay_private,
          "re-prefilled output KV stays out of the tree, so it compresses again (L98)"),
         ("managers.scheduler.Scheduler.get_internal_state", T.AFTER, _report_state,

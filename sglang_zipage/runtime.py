@@ -228,6 +228,11 @@ class ZipageRuntime:
             # c0 is recomputed at its next decode step, from the prefix it re-matched.
             req.zipage = ReqState(c0=None, compactions=st.compactions)
 
+    def physical_len(self, req, logical: int) -> int:
+        """A logical length of the request (position count) as a column count (I5)."""
+        st = getattr(req, "zipage", None)
+        return st.physical(logical) if st is not None else logical
+
     def keeps_outputs_private(self, req, filled: int) -> bool:
         """A re-prefill that reaches past the prompt (after retraction) keeps its output KV
         out of the radix tree: only the request's own columns can be compressed."""

@@ -24,8 +24,10 @@ from sglang.srt.layers.radix_attention import RadixAttention
 from sglang.srt.mem_cache.allocator.swa import SWATokenToKVPoolAllocator
 from sglang.srt.mem_cache.allocator.token import TokenToKVPoolAllocator
 from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool, MLATokenToKVPool, ReqToTokenPool
+from sglang.srt.mem_cache.common import free_swa_out_of_window_slots
 from sglang.srt.mem_cache.swa_memory_pool import SWAKVPool
 from sglang_zipage import kv_layout
+from sglang_zipage.budget import ReqState
 from sglang_zipage.compaction import CompactionItem, execute, plan_compaction
 from sglang_zipage.scoring import ScoringParams
 
@@ -162,6 +164,20 @@ def test_hybrid_swa_remap_moves_the_window_and_frees_the_rest_once():
     assert alloc.full_available_size() - full_free == suffix - k
     assert req.kv.swa_evicted_seqlen == c0 + k - 6
     assert torch.equal(plan.dst_slots[0], full[c0:c0 + k].long())
+
+    # Decode goes on: the step's token lands at column c0 + k. At the step after, SGLang frees
+    # what left the window from req.seqlen - 1 (logical); zipage makes it physical (I5).
+    r2t.req_to_token[1, c0 + k] = alloc.alloc(1).to(torch.int32)[0]
+    st = ReqState(c0=c0, pos_offset=suffix - k)
+    req.req_pool_idx, req.cache_protected_len = 1, 0
+    swa_free = alloc.swa_available_size()
+    logical_pre_len = n + 2 - 1  # req.seqlen - 1, two decoded tokens after the compaction
+    free_swa_out_of_window_slots(req, st.physical(logical_pre_len), sliding_window_size=6,
+                                 page_size=1, req_to_token_pool=r2t,
+                                 token_to_kv_pool_allocator=alloc)
+    assert alloc.swa_available_size() - swa_free == 1  # the oldest window token, once
+    assert req.kv.swa_evicted_seqlen == c0 + k - 5
+    assert (mapping[r2t.req_to_token[1, c0 + k - 5:c0 + k + 1].long()] > 0).all()
 
 
 def test_hybrid_swa_refuses_async_compaction():
