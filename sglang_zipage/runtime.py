@@ -256,8 +256,9 @@ class ZipageRuntime:
             st.max_suffix = max(st.max_suffix, suffix)
             if suffix > self.stats["max_suffix_tokens"]:
                 self.stats["max_suffix_tokens"] = suffix
-            if st.shadow is not None:  # in flight: commit once done, at the latest at the limit
-                if st.shadow.launch.finished() or suffix >= budget.limit:
+            if st.shadow is not None:  # in flight: commit at the limit. Never earlier on a
+                # GPU-timing probe: tensor-parallel ranks must take the same step everywhere.
+                if suffix >= budget.limit:
                     commits.append((i, suffix))
                 continue
             if st.window_since < 0 and budget.needs_window(suffix):

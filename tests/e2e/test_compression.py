@@ -6,12 +6,17 @@ Run: .venv/bin/python -m pytest tests/e2e/test_compression.py
 """
 
 import re
+import shutil
+import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 
-from zipage_server import (CHUNK_TOKENS, POOL_TOKENS, REFERENCE_PROMPTS, SMALL_BUDGET,
+from zipage_server import (CHUNK_TOKENS, POOL_TOKENS, REFERENCE_PROMPTS, REPO, SMALL_BUDGET,
                            STRICT_MEM_ENV, Server, assert_healthy, chat_prompt, force,
                            nll_ratio, top1_agreement)
+
+sys.path.insert(0, str(REPO / "benchmarks"))
+from bench_throughput import tiny_model_dir  # noqa: E402
 
 PROMPTS = [*REFERENCE_PROMPTS, "Give advice to a student starting university."]
 SYSTEM = ("You are a patient teacher. You explain science to children with short, clear "
@@ -112,33 +117,34 @@ def test_budget_lets_requests_run_together_where_stock_queues(zipage_server, sto
     runs = {}
     for name, server in (("zipage", zipage_server), ("stock", stock_server)):
         start = len(server.log())
-        outs = _parallel(server, prompts, 200, ignore_eos=True)
-        assert all(o["meta_info"]["completion_tokens"] == 200 for o in outs)
+        outs = _parallel(server, prompts, 170, ignore_eos=True)
+        assert all(o["meta_info"]["completion_tokens"] == 170 for o in outs)
         runs[name] = (max(_running_counts(server.log()[start:]) or [0]),
                       sum(o["meta_info"]["num_retractions"] for o in outs))
     assert runs["zipage"] == (4, 0), runs  # 4 x (prompt + 80) fits the 640-token pool
     stock_running, stock_retractions = runs["stock"]
-    assert stock_running < 4 or stock_retractions > 0, runs  # 4 x 215 tokens does not
+    assert stock_running < 4 or stock_retractions > 0, runs  # 4 x 185 tokens does not
     assert_healthy(zipage_server)
 
-
-def test_output_longer_than_the_pool_completes(zipage_server):
-    out = zipage_server.generate(chat_prompt(PROMPTS[1]), 700, ignore_eos=True)
-    assert out["meta_info"]["completion_tokens"] == 700  # the pool holds 640 tokens
-    assert_healthy(zipage_server)
 
 
 def test_compressed_requests_survive_retraction_and_sigterm_stops_cleanly(tmp_path):
     """SGLang's test hook retracts a running request every 40 forwards (uncompressed ones
     first). A retracted request re-prefills prompt + output in 64-token chunks (exact KV);
     its output KV stays its own, so it compresses again and ends within prompt + budget +
-    buffer, like every other request, with its full output."""
+    buffer, like every other request, with its full output. Model-agnostic bookkeeping, so
+    it runs on the 2-layer dummy Qwen3 of the soak test (fast on a CPU)."""
+    model = tiny_model_dir()
     env = {**STRICT_MEM_ENV, "SGLANG_TEST_RETRACT": "1", "SGLANG_TEST_RETRACT_INTERVAL": "40"}
-    server = Server(["--max-total-tokens", POOL_TOKENS, "--chunked-prefill-size", CHUNK_TOKENS,
+    server = Server(["--model-path", model, "--load-format", "dummy", "--skip-tokenizer-init",
+                     "--max-total-tokens", POOL_TOKENS, "--chunked-prefill-size", CHUNK_TOKENS,
                      *SMALL_BUDGET], tmp_path / "r.log", env=env)
     try:
         limit = server.zipage_state()["budget_limit_tokens"]
-        outs = _parallel(server, [chat_prompt(p) for p in PROMPTS], 200, ignore_eos=True)
+        prompts = [list(range(300 + 20 * i, 317 + 20 * i)) for i in range(3)]
+        with ThreadPoolExecutor(3) as ex:
+            outs = list(ex.map(lambda p: server.generate_ids(
+                [p], [{"max_new_tokens": 200, "temperature": 0, "ignore_eos": True}])[0], prompts))
         facts = [{k: o["meta_info"][k] for k in ("completion_tokens", "num_retractions",
                                                  "zipage_compactions", "zipage_kv_len",
                                                  "prompt_tokens")} for o in outs]
@@ -146,8 +152,8 @@ def test_compressed_requests_survive_retraction_and_sigterm_stops_cleanly(tmp_pa
         assert sum(f["num_retractions"] for f in facts) > 0, facts
         assert all(f["zipage_compactions"] > 0 for f in facts), facts
         assert all(f["zipage_kv_len"] <= f["prompt_tokens"] + limit for f in facts), facts
-        assert all(o["text"].strip() for o in outs)
         assert_healthy(server)
     finally:
         alive = server.stop()
+        shutil.rmtree(model, ignore_errors=True)
     assert alive == [], f"processes left after SIGTERM: {alive}"

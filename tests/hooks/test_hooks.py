@@ -32,7 +32,9 @@ print("HOOKED", n)
 def test_every_target_resolves_and_is_wrapped():
     r = subprocess.run([sys.executable, "-c", SCRIPT], capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stderr[-3000:]
-    assert "HOOKED 15" in r.stdout
+    from sglang_zipage import hooks
+
+    assert f"HOOKED {len(hooks._hook_table())}" in r.stdout  # every row checked
 
 
 def test_disabled_config_installs_no_hook():
