@@ -7,16 +7,12 @@ Run: .venv/bin/python -m pytest tests/e2e/test_compression.py
 
 import re
 import shutil
-import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 
-from zipage_server import (CHUNK_TOKENS, POOL_TOKENS, REFERENCE_PROMPTS, REPO, SMALL_BUDGET,
+from zipage_server import (CHUNK_TOKENS, POOL_TOKENS, REFERENCE_PROMPTS, SMALL_BUDGET,
                            STRICT_MEM_ENV, Server, assert_healthy, chat_prompt, force,
-                           nll_ratio, top1_agreement)
-
-sys.path.insert(0, str(REPO / "benchmarks"))
-from bench_throughput import tiny_model_dir  # noqa: E402
+                           nll_ratio, tiny_model_dir, top1_agreement)
 
 PROMPTS = [*REFERENCE_PROMPTS, "Give advice to a student starting university."]
 SYSTEM = ("You are a patient teacher. You explain science to children with short, clear "
@@ -125,7 +121,6 @@ def test_budget_lets_requests_run_together_where_stock_queues(zipage_server, sto
     stock_running, stock_retractions = runs["stock"]
     assert stock_running < 4 or stock_retractions > 0, runs  # 4 x 185 tokens does not
     assert_healthy(zipage_server)
-
 
 
 def test_compressed_requests_survive_retraction_and_sigterm_stops_cleanly(tmp_path):

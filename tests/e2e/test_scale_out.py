@@ -9,15 +9,12 @@ Run: .venv/bin/python -m pytest tests/e2e/test_scale_out.py
 """
 
 import shutil
-import sys
 from concurrent.futures import ThreadPoolExecutor
 
 import requests
 
-from zipage_server import POOL_TOKENS, REPO, SMALL_BUDGET, STRICT_MEM_ENV, Server, assert_healthy
-
-sys.path.insert(0, str(REPO / "benchmarks"))
-from bench_throughput import tiny_model_dir  # noqa: E402
+from zipage_server import (POOL_TOKENS, SMALL_BUDGET, STRICT_MEM_ENV, Server, assert_healthy,
+                           tiny_model_dir)
 
 TOKENS = 160  # twice past budget + buffer (80)
 

@@ -209,6 +209,15 @@ def assert_healthy(server):
     assert "Traceback" not in log, log[log.index("Traceback"):][:3000]
 
 
+def tiny_model_dir() -> str:
+    """The 2-layer dummy Qwen3 of benchmarks/bench_throughput.py (--tiny), in a fresh temp
+    folder (the caller removes it): fast on a CPU where the model's quality does not matter."""
+    sys.path.insert(0, str(REPO / "benchmarks"))
+    from bench_throughput import tiny_model_dir as make
+
+    return make()
+
+
 def load_example(name: str):
     """Import examples/<name>.py (not a package) so a test can call its functions."""
     import importlib.util
