@@ -15,6 +15,7 @@ from __future__ import annotations
 import functools
 import json
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -39,32 +40,65 @@ STRICT_MEM_ENV = {
 }
 
 
+def _ephemeral_range() -> tuple[int, int]:
+    try:
+        lo, hi = Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()
+        return int(lo), int(hi)
+    except (OSError, ValueError):
+        return 32768, 60999
+
+
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A free port outside the kernel's ephemeral range. SGLang picks its own NCCL/gloo ports
+    with bind(0), i.e. from the ephemeral range, so a server started beside another one could
+    otherwise take the port this one was promised before it binds it."""
+    lo, hi = _ephemeral_range()
+    candidates = [p for p in range(20000, 32000) if not lo <= p <= hi] or list(range(hi + 1, 65535))
+    rng = random.Random(os.getpid() ^ time.monotonic_ns())
+    for port in rng.sample(candidates, min(200, len(candidates))):
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    raise RuntimeError("no free port outside the ephemeral range")
+
+
+BIND_FAILED = "address already in use"
 
 
 class Server:
     """A launched server; ``url``, ``log_path``, ``stop()`` -> pids still alive after it."""
 
-    def __init__(self, args, log_path: Path, env=None, ready_timeout: float = 600):
+    def __init__(self, args, log_path: Path, env=None, ready_timeout: float = 600, attempts: int = 3):
+        self.log_path = Path(log_path)
+        self._env = {**os.environ, **(env or {})}
+        for attempt in range(attempts):
+            if self._start(args, ready_timeout):
+                return
+        raise RuntimeError(f"server could not bind a port in {attempts} attempts:\n{self.log()[-3000:]}")
+
+    def _start(self, args, ready_timeout) -> bool:
+        """Launch on a fresh port; True once healthy, False if the port was taken before the
+        server bound it (the caller retries on another port); raises on any other failure."""
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
-        self.log_path = Path(log_path)
-        full_env = {**os.environ, **(env or {})}
         self._log = open(self.log_path, "w")
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "sglang_zipage.launch_server", "--host", "127.0.0.1",
              "--port", str(self.port), *args],
-            stdout=self._log, stderr=subprocess.STDOUT, env=full_env, cwd=str(REPO))
+            stdout=self._log, stderr=subprocess.STDOUT, env=self._env, cwd=str(REPO))
         deadline = time.monotonic() + ready_timeout
         while time.monotonic() < deadline:
+            if BIND_FAILED in self.log():  # uvicorn logs it, then hangs in shutdown
+                self.stop(grace=5)
+                return False
             if self.proc.poll() is not None:
                 raise RuntimeError(f"server exited with {self.proc.returncode}:\n{self.log()[-3000:]}")
             try:
                 if requests.get(self.url + "/health", timeout=5).status_code == 200:
-                    return
+                    return True
             except requests.RequestException:
                 pass
             time.sleep(1)
@@ -104,8 +138,9 @@ class Server:
         info = requests.get(self.url + "/server_info", timeout=60).json()
         return info["internal_states"][0].get("zipage")
 
-    def stop(self):
-        """SIGTERM, wait, and return the pids of the server's tree still alive."""
+    def stop(self, grace: float = 60):
+        """SIGTERM, wait up to ``grace`` s, kill what is left of the server's tree; returns
+        the pids that were still alive after the wait."""
         try:
             tree = [self.proc.pid] + [c.pid for c in psutil.Process(self.proc.pid).children(recursive=True)]
         except psutil.NoSuchProcess:
@@ -113,10 +148,10 @@ class Server:
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)
             try:
-                self.proc.wait(timeout=60)
+                self.proc.wait(timeout=grace)
             except subprocess.TimeoutExpired:
                 pass
-        deadline = time.monotonic() + 30
+        deadline = time.monotonic() + grace / 2
         alive = [p for p in tree if psutil.pid_exists(p) and not _zombie(p)]
         while alive and time.monotonic() < deadline:
             time.sleep(0.5)
