@@ -137,7 +137,13 @@ def _outputs_stay_private(original, req, tree_cache, **kwargs):
 
 def _report_state(result, scheduler, *args, **kwargs):
     running = scheduler.running_batch.reqs if scheduler.running_batch is not None else []
-    result.internal_state["zipage"] = RUNTIME.report(running)
+    report = RUNTIME.report(running)
+    tp = scheduler.tp_group
+    if tp.world_size > 1:  # every TP rank handles this request: gather what each did
+        from sglang_zipage import decisions
+
+        report.update(decisions.across_ranks(RUNTIME.decisions.summary(), tp.cpu_group))
+    result.internal_state["zipage"] = report
     return result
 
 

@@ -20,6 +20,7 @@ from sglang_zipage.budget import Budget, ReqState, async_lag
 from sglang_zipage.compaction import (CompactionItem, CompactionPlan, commit_shadow, execute,
                                       plan_compaction)
 from sglang_zipage.config import ZipageConfig
+from sglang_zipage.decisions import DecisionLog
 from sglang_zipage.query_window import QueryWindow
 from sglang_zipage.scoring import ScoringParams
 
@@ -79,6 +80,8 @@ class ZipageRuntime:
                           max_suffix_tokens=0, window_slot_misses=0, async_compactions=0,
                           async_awaited=0, async_fallbacks=0)
         self._timings = []  # (start, end) CUDA events of compactions not yet summed
+        self.decisions = DecisionLog()  # identical on every tensor-parallel rank
+        self.steps = 0  # decode steps planned
 
     # ------------------------------------------------------------ setup
     def attach(self, model_runner) -> None:
@@ -244,6 +247,7 @@ class ZipageRuntime:
 
         Runs in the scheduler before the decode memory check, so the freed pages count.
         """
+        self.steps += 1
         items, rows, compressed, commits, shadows = [], [], 0, [], []
         room = self.shadow_capacity - self.shadow_held
         for i, req in enumerate(batch.reqs):
@@ -303,7 +307,9 @@ class ZipageRuntime:
             plan, old = plan_compaction(r2t, [it for _, it in group], k, self.page_size, fresh=fresh)
             launch = ShadowLaunch(plan)
             self.launches.append(launch)
+            free = self.allocator.available_size()
             for row, (req, it) in enumerate(group):
+                self.decisions.record(self.steps, req.rid, it.c0, it.suffix, k, free)
                 req.zipage.shadow = Shadow(launch, row, it.suffix, old[row, :it.suffix],
                                            fresh[row].clone())  # dst rows may be zeroed
                 req.skip_radix_cache_insert = True  # I4 from now on
@@ -353,6 +359,7 @@ class ZipageRuntime:
     def _compacted(self, req, i: int, k: int, evicted: int):
         """Book a finished compaction of ``evicted`` suffix tokens down to k kept."""
         st = req.zipage
+        self.decisions.record(self.steps, req.rid, st.c0, k + evicted, k, self.allocator.available_size())
         st.pos_offset += evicted
         st.n_stored = k
         st.compactions += 1
@@ -493,4 +500,5 @@ class ZipageRuntime:
                 "running_compressed_requests": compressed,
                 "free_window_slots": self.window.free_slots if self.window else None,
                 "window_slots": self.window.num_slots if self.window else None,
-                "shadow_tokens_held": self.shadow_held, **self.stats}
+                "shadow_tokens_held": self.shadow_held, **self.stats,
+                **self.decisions.summary()}

@@ -3,8 +3,15 @@
 - Data parallel: ``--dp-size 2`` starts two schedulers under SGLang's data-parallel
   controller (round robin). Each replica compresses on its own, /server_info lists both
   replicas' zipage state, and a per-request ``zipage_kv_budget`` reaches the replica that
-  serves the request. Runs on the 2-layer dummy Qwen3 of the soak test (fast on a CPU).
-Not covered here yet: tensor parallel and sglang-router (issue 16 stays open for them).
+  serves the request.
+- Tensor parallel: ``--tp-size 2`` starts two schedulers, each with one of the model's two
+  KV heads; each scores its own head with its own query heads. Their compaction decisions
+  (requests, steps, columns kept, pool slots free) must be identical, and rank 0's
+  /server_info gathers every rank's decision digest to show it. On CPU SGLang 0.5.17 needs
+  two environment variables for TP (see CPU_TP_ENV).
+Both run on the 2-layer dummy Qwen3 of the soak test (fast on a CPU). Dummy weights are
+drawn per TP shard, so TP=2 outputs cannot be compared with TP=1 ones; what TP must not
+change, every rank agreeing on every compaction, is what the test checks.
 Run: .venv/bin/python -m pytest tests/e2e/test_scale_out.py
 """
 
@@ -17,6 +24,13 @@ from zipage_server import (POOL_TOKENS, SMALL_BUDGET, STRICT_MEM_ENV, Server, as
                            tiny_model_dir)
 
 TOKENS = 160  # twice past budget + buffer (80)
+
+
+# SGLang's CPU TP: each rank needs its own cores when there are fewer NUMA nodes than
+# ranks, and the CUDA build of torch ships NCCL, which SGLang then tries to open on a CPU
+# device (pynccl: "Expected a cuda device, but got: cpu"); a library path that does not
+# load turns pynccl off, and SGLang all-reduces over gloo.
+CPU_TP_ENV = {"SGLANG_CPU_OMP_THREADS_BIND": "0|1", "SGLANG_NCCL_SO_PATH": "no-nccl-on-cpu"}
 
 
 def _states(server):
@@ -55,6 +69,41 @@ def test_data_parallel_replicas_compress_on_their_own(tmp_path):
         assert len(states) == 2 and all(s["active"] for s in states)
         assert all(s["compactions"] >= 2 for s in states), states  # both replicas compressed
         assert all(s["max_suffix_tokens"] <= limit for s in states)
+        assert_healthy(server)
+    finally:
+        assert server.stop() == []
+        shutil.rmtree(model, ignore_errors=True)
+
+
+def test_tensor_parallel_ranks_take_the_same_compaction_decisions(tmp_path):
+    model = tiny_model_dir()
+    server = Server(["--model-path", model, "--load-format", "dummy", "--skip-tokenizer-init",
+                     "--tp-size", "2", "--max-total-tokens", POOL_TOKENS, *SMALL_BUDGET],
+                    tmp_path / "tp.log", env={**STRICT_MEM_ENV, **CPU_TP_ENV})
+    try:
+        (state,) = _states(server)
+        limit = state["budget_limit_tokens"]
+        assert state["layout"]["query_heads"] == 2  # this rank's half of the 4 query heads
+        # One batch: 6 requests at the server's budget, 2 opted out (every rank must see
+        # the per-request budget, or the ranks' decisions differ).
+        budgets = [None] * 6 + [0, 0]
+        params = [{"max_new_tokens": TOKENS, "temperature": 0, "ignore_eos": True,
+                   **({} if b is None else {"zipage_kv_budget": b})} for b in budgets]
+        outs = server.generate_ids([list(range(300 + 20 * i, 316 + 20 * i)) for i in range(8)],
+                                   params)
+        for out, budget in zip(outs, budgets):
+            meta = out["meta_info"]
+            assert meta["completion_tokens"] == TOKENS
+            if budget == 0:
+                assert meta["zipage_compactions"] == 0
+            else:
+                assert meta["zipage_compactions"] >= 1
+                assert meta["zipage_kv_len"] <= meta["prompt_tokens"] + limit
+        (state,) = _states(server)
+        ranks = state["tp_ranks"]
+        assert len(ranks) == 2 and ranks[0]["decisions"] == state["compactions"] >= 6
+        assert state["tp_ranks_agree"], ranks
+        assert ranks[0] == ranks[1]
         assert_healthy(server)
     finally:
         assert server.stop() == []
