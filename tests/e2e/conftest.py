@@ -10,11 +10,8 @@ for one) reaches the scheduler as one message: the same batch composition on eve
 
 import pytest
 
-from zipage_server import (CHUNK_TOKENS, POOL_TOKENS, REFERENCE_PROMPTS, REFERENCE_TOKENS,
-                           SMALL_BUDGET, STRICT_MEM_ENV, Server, chat_prompt, force, token_ids)
-
-COMMON_ARGS = ["--max-total-tokens", POOL_TOKENS, "--chunked-prefill-size", CHUNK_TOKENS,
-               "--enable-custom-logit-processor", "--enable-tokenizer-batch-encode"]
+from zipage_server import (COMMON_ARGS, REFERENCE_PROMPTS, REFERENCE_TOKENS,
+                           STRICT_MEM_ENV, ZIPAGE_ARGS, Server, chat_prompt, force, token_ids)
 
 
 def _server(tmp_path_factory, name, args):
@@ -28,8 +25,7 @@ def _server(tmp_path_factory, name, args):
 def zipage_server(tmp_path_factory):
     """Compression on with a small budget (64 + buffer 16), so it compresses often; OpenAI
     usage reports cached prompt tokens (--enable-cache-report)."""
-    yield from _server(tmp_path_factory, "zipage",
-                       [*SMALL_BUDGET, "--enable-metrics", "--enable-cache-report"])
+    yield from _server(tmp_path_factory, "zipage", ZIPAGE_ARGS)
 
 
 @pytest.fixture(scope="session")

@@ -12,16 +12,23 @@
 Both run on the 2-layer dummy Qwen3 of the soak test (fast on a CPU). Dummy weights are
 drawn per TP shard, so TP=2 outputs cannot be compared with TP=1 ones; what TP must not
 change, every rank agreeing on every compaction, is what the test checks.
+- sglang-router (PyPI ``sglang-router``, cache-aware policy) in front of two zipage servers
+  on the bundled model: two multi-turn agents; each later turn lands on the replica that
+  holds its conversation, so its cached prompt tokens are those a single server gives (the
+  bound of test_agent_multiturn.py), and both replicas compress.
 Run: .venv/bin/python -m pytest tests/e2e/test_scale_out.py
 """
 
 import shutil
+import subprocess
+import sys
+import time
 from concurrent.futures import ThreadPoolExecutor
 
 import requests
 
-from zipage_server import (POOL_TOKENS, SMALL_BUDGET, STRICT_MEM_ENV, Server, assert_healthy,
-                           tiny_model_dir)
+from zipage_server import (COMMON_ARGS, POOL_TOKENS, SMALL_BUDGET, STRICT_MEM_ENV, ZIPAGE_ARGS,
+                           Server, assert_healthy, free_port, load_example, tiny_model_dir)
 
 TOKENS = 160  # twice past budget + buffer (80)
 
@@ -108,3 +115,69 @@ def test_tensor_parallel_ranks_take_the_same_compaction_decisions(tmp_path):
     finally:
         assert server.stop() == []
         shutil.rmtree(model, ignore_errors=True)
+
+
+def _router(workers, log_path):
+    """``python -m sglang_router.launch_router`` with cache-aware routing -> (process, url)."""
+    port = free_port()
+    log = open(log_path, "w")
+    proc = subprocess.Popen([sys.executable, "-m", "sglang_router.launch_router", "--host",
+                             "127.0.0.1", "--port", str(port), "--prometheus-port",
+                             str(free_port()), "--policy", "cache_aware",
+                             "--worker-urls", *[w.url for w in workers]],
+                            stdout=log, stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and proc.poll() is None:
+        try:  # ready once every worker is registered and healthy
+            listed = requests.get(url + "/workers", timeout=5).json()["workers"]
+            if sum(w["is_healthy"] for w in listed) == len(workers):
+                return proc, url
+        except requests.RequestException:
+            pass
+        time.sleep(1)
+    proc.kill()
+    raise RuntimeError("router not ready:\n" + open(log_path).read()[-3000:])
+
+
+def test_router_keeps_each_conversation_on_the_replica_holding_its_prompt(zipage_server, tmp_path):
+    agent = load_example("agent_multiturn")
+    second = Server([*COMMON_ARGS, *ZIPAGE_ARGS], tmp_path / "second.log", env=STRICT_MEM_ENV)
+    workers = [zipage_server, second]
+    router, url = _router(workers, tmp_path / "router.log")
+    try:
+        page = requests.get(second.url + "/server_info", timeout=60).json()["page_size"] or 1
+        before = [w.zipage_state()["compactions"] for w in workers]
+        client = agent.client_for(url)
+        # Two conversations at once that share nothing but the chat template. Cache-aware
+        # routing sends a request that matches no replica's tree to the least loaded one,
+        # so the two start on different replicas; each later turn follows its own prefix.
+        talks = [("You are a careful assistant. Think step by step.", agent.TASKS[:2]),
+                 ("Answer like a patient maths teacher, explaining every step in detail.",
+                  ("A train leaves at 9:40 and arrives at 13:05. How long is the journey?",
+                   "Tickets cost 23 euros each. What do four tickets cost?"))]
+
+        def converse(system, tasks):
+            messages, records = [{"role": "system", "content": system}], []
+            for task in tasks:
+                messages.append({"role": "user", "content": task})
+                answer, rec = agent.ask(client, messages, max_tokens=100, min_tokens=100)
+                messages.append({"role": "assistant", "content": answer})
+                records.append(rec)
+            return records
+
+        with ThreadPoolExecutor(2) as ex:
+            turns = list(ex.map(lambda talk: converse(*talk), talks))
+        for first, later in turns:
+            assert first["completion_tokens"] == later["completion_tokens"] == 100
+            # as on one server: the earlier prompt is reused, the compressed answer is not
+            c0 = first["prompt_tokens"] // page * page
+            assert (first["prompt_tokens"] - 1) // page * page <= later["cached_tokens"] <= c0, turns
+        after = [w.zipage_state()["compactions"] for w in workers]
+        assert all(a > b for a, b in zip(after, before)), (before, after)  # both compressed
+        for w in workers:
+            assert_healthy(w)
+    finally:
+        router.terminate()
+        router.wait(timeout=30)
+        assert second.stop() == []

@@ -33,6 +33,10 @@ CHUNK_TOKENS = "64"  # long prompts are prefilled in chunks, as on a busy GPU se
 # The conftest fixture `references` holds the model's greedy full-KV continuations of these.
 REFERENCE_PROMPTS = ["Explain how rainbows form.", "Describe how a bicycle works."]
 REFERENCE_TOKENS = 200
+# The session servers (conftest): the bundled model, a small pool, chunked prefill.
+COMMON_ARGS = ["--max-total-tokens", POOL_TOKENS, "--chunked-prefill-size", CHUNK_TOKENS,
+               "--enable-custom-logit-processor", "--enable-tokenizer-batch-encode"]
+ZIPAGE_ARGS = [*SMALL_BUDGET, "--enable-metrics", "--enable-cache-report"]
 STRICT_MEM_ENV = {
     "SGLANG_ENABLE_STRICT_MEM_CHECK_DURING_BUSY": "1",
     "SGLANG_CHECK_KV_PAGE_INVARIANTS": "1",
