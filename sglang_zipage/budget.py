@@ -13,7 +13,8 @@ Invariants (checked where they are established; tests call the checkers):
   I4  a compressed request's KV never enters the radix tree (skip_radix_cache_insert), nor
       does the output KV a retracted request re-prefills (it must stay compressible)
   I5  logical position = physical length + pos_offset
-  I6  suffix length <= kv_budget + buffer at every decode step
+  I6  suffix length <= kv_budget + buffer at every decode step (fixed mode; in elastic mode
+      a suffix grows past it while the pool has room, and is compacted on demand)
 """
 
 from __future__ import annotations
@@ -53,6 +54,7 @@ class Budget:
     window: int
     page_size: int = 1
     lag: int = 0  # asynchronous mode: compactions start this many tokens before the limit
+    elastic: bool = False  # compact only on demand (pressure), not at the limit
 
     def __post_init__(self):
         assert self.kv_budget % self.page_size == 0, "I2: kv_budget must be page aligned"
@@ -82,7 +84,16 @@ class Budget:
         return state.window_since >= 0 and decode_idx - state.window_since >= self.window
 
     def needs_compaction(self, state: ReqState, suffix: int, decode_idx: int) -> bool:
-        return suffix >= self.trigger and self.window_ready(state, decode_idx)
+        """Fixed mode: at the trigger. Elastic mode: never on its own (see can_yield)."""
+        return not self.elastic and suffix >= self.trigger and self.window_ready(state, decode_idx)
+
+    def can_yield(self, state: ReqState, suffix: int, decode_idx: int) -> int:
+        """Elastic mode: tokens a compaction down to kv_budget would free now, or 0. Only a
+        suffix at the limit or past it yields, so after a compaction a request decodes at
+        least ``buffer`` tokens before it yields again (no thrashing)."""
+        if suffix < self.limit or not self.window_ready(state, decode_idx):
+            return 0
+        return suffix - self.kv_budget
 
     def reserve(self, suffix: int, remaining_new_tokens: int) -> int:
         """Tokens a running request may still add before its footprint stops growing."""

@@ -21,6 +21,7 @@ from typing import Optional, Sequence
 ENV_VAR = "SGLANG_ZIPAGE_CONFIG"
 REDUNDANCY_MODES = ("none", "full", "lightning")
 SELECTION_MODES = ("score", "random", "recent")
+MODES = ("fixed", "elastic")
 
 
 class ZipageConfigError(ValueError):
@@ -42,6 +43,12 @@ class ZipageConfig:
     buffer: int = field(default=256, metadata=_flag(
         "Decode tokens written between two compactions (paper: the working block b). "
         "A request's decode KV never exceeds kv_budget + buffer. Multiple of --page-size."))
+    mode: str = field(default="fixed", metadata=_flag(
+        "fixed: a request compresses whenever its decode KV reaches kv_budget + buffer. "
+        "elastic: the budget is a floor; requests keep their full KV while the pool has room, "
+        "and over-budget requests are compacted down to their budget, largest first, only when "
+        "a decode step or a waiting request needs the room (instead of retracting or queueing).",
+        choices=MODES))
     window: int = field(default=16, metadata=_flag(
         "Query window W: the last W decode queries score the cached tokens; "
         "the last W tokens are always kept."))
@@ -87,6 +94,10 @@ class ZipageConfig:
             bad("decay", f"must be in [0, 1), got {self.decay}")
         if self.selection not in SELECTION_MODES:
             bad("selection", f"must be one of {', '.join(SELECTION_MODES)}, got {self.selection!r}")
+        if self.mode not in MODES:
+            bad("mode", f"must be one of {', '.join(MODES)}, got {self.mode!r}")
+        if self.mode == "elastic" and self.async_compaction:
+            bad("mode", "elastic compacts on demand, synchronously: drop --zipage-async")
         if self.redundancy not in REDUNDANCY_MODES:
             bad("redundancy", f"must be one of {', '.join(REDUNDANCY_MODES)}, got {self.redundancy!r}")
         if not 0.0 <= self.redundancy_lambda <= 1.0:

@@ -59,6 +59,11 @@ def _compress_before_mem_check(batch, selected_indices=None):
         RUNTIME.before_decode(batch)
 
 
+def _room_for_waiting(scheduler, running_batch, *args, **kwargs):
+    if RUNTIME.ready and RUNTIME.budget.elastic:
+        RUNTIME.admit_pressure(scheduler.waiting_queue, running_batch)
+
+
 def _retract_compressed_last(original, reqs, server_args):
     order = original(reqs, server_args)
     # Most-preferred first; compressed requests go first (kept longest): their lossy
@@ -209,6 +214,8 @@ def _hook_table():
          _flush_before_forward, "run planned compactions on the forward stream first (L558)"),
         ("managers.schedule_batch.ScheduleBatch.check_decode_mem", T.BEFORE,
          _compress_before_mem_check, "decide/plan compactions, free pages before the mem check (L2727)"),
+        ("managers.scheduler.Scheduler.get_new_batch_prefill", T.BEFORE, _room_for_waiting,
+         "elastic: running requests yield room to the first waiting request (L3067)"),
         ("managers.schedule_batch.ScheduleBatch._get_decode_retraction_order", T.AROUND,
          _retract_compressed_last, "retract uncompressed requests first (L2777)"),
         ("managers.schedule_policy.PrefillAdder._get_running_request_total_token_offset",

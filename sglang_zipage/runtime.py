@@ -26,7 +26,8 @@ from sglang_zipage.scoring import ScoringParams
 
 logger = logging.getLogger("sglang_zipage")
 
-MAX_REQS_PER_LAUNCH = 32  # bounds the scoring scratch ([L, R, Hkv, S] fp32)
+MAX_REQS_PER_LAUNCH = 32  # bounds the scoring scratch ([L, R, Hkv, S] fp32) ...
+SCRATCH_LIMITS = 32  # ... and R * S <= this many budget limits (elastic suffixes are long)
 SHADOW_BUDGETS = 8  # asynchronous mode: compactions in flight at once (fresh-slot reserve)
 
 
@@ -78,7 +79,7 @@ class ZipageRuntime:
         self.stats = dict(compactions=0, compaction_batches=0, tokens_evicted=0,
                           pages_freed=0, compaction_ms=0.0, compaction_gpu_ms=0.0,
                           max_suffix_tokens=0, window_slot_misses=0, async_compactions=0,
-                          async_awaited=0, async_fallbacks=0)
+                          async_awaited=0, async_fallbacks=0, pressure_compactions=0)
         self._timings = []  # (start, end) CUDA events of compactions not yet summed
         self.decisions = DecisionLog()  # identical on every tensor-parallel rank
         self.steps = 0  # decode steps planned
@@ -92,7 +93,10 @@ class ZipageRuntime:
         self.layout = kv_layout.detect(model_runner, cfg.kv_budget,
                                        async_compaction=cfg.async_compaction)
         lag = async_lag(page) if cfg.async_compaction else 0
-        self.budget = Budget(cfg.kv_budget, cfg.buffer, cfg.window, page, lag)
+        self.budget = Budget(cfg.kv_budget, cfg.buffer, cfg.window, page, lag,
+                             elastic=cfg.mode == "elastic")
+        # Elastic mode: once room is short, compact until this much more is free (hysteresis).
+        self.headroom = max(page, model_runner.max_total_num_tokens // 32 // page * page)
         self.page_size = page
         self.allocator = allocator
         self.kv = self.layout.kv
@@ -292,6 +296,57 @@ class ZipageRuntime:
             updates += self._plan(batch, items, rows)
         if updates:
             self._set_lengths(batch, updates)
+        if self.budget.elastic:  # this step writes up to one page per request
+            short = len(batch.reqs) * self.page_size - self._room(batch)
+            if short > 0:
+                self.make_room(batch, short + self.headroom)
+
+    # ------------------------------------------------- elastic: room on demand
+    def _room(self, batch) -> int:
+        return self.allocator.available_size() + batch.tree_cache.evictable_size()
+
+    def make_room(self, batch, tokens: int) -> int:
+        """Elastic mode: compact over-budget requests of ``batch`` down to their budgets,
+        largest yield first, until ``tokens`` slots are freed or none can yield. Returns
+        the slots freed."""
+        offers = []
+        for i, req in enumerate(batch.reqs):
+            budget = self.budget_of(req) if not req.finished() else None
+            if budget is None or req.req_pool_idx is None:
+                continue
+            st = self.state(req)
+            suffix = req.kv_committed_len - st.c0
+            gain = budget.can_yield(st, suffix, req.decode_batch_idx)
+            if gain > 0:
+                offers.append((gain, i, CompactionItem(
+                    req.req_pool_idx, st.c0, suffix, st.n_stored, st.n_stored == 0,
+                    self.window.slot_of(req.req_pool_idx), budget.kv_budget)))
+        offers.sort(key=lambda o: -o[0])
+        freed, items, rows = 0, [], []
+        for gain, i, item in offers:
+            if freed >= tokens:
+                break
+            freed += gain
+            items.append(item)
+            rows.append(i)
+        if items:
+            self.stats["pressure_compactions"] += len(items)
+            self._set_lengths(batch, self._plan(batch, items, rows))
+        return freed
+
+    def admit_pressure(self, waiting, running) -> None:
+        """Elastic mode, before admission: if the first waiting request does not fit
+        beside what running requests reserve, running requests yield the difference."""
+        if not waiting or running is None or not running.reqs:
+            return
+        head = waiting[0]
+        budget = self.budget_of(head)
+        output = head.sampling_params.max_new_tokens
+        need = len(head.origin_input_ids) + (budget.admission_reserve() if budget else output)
+        reserved = sum(self.running_reserve(r) or 0 for r in running.reqs if not r.finished())
+        short = need + reserved - self._room(running)
+        if short > 0:
+            self.make_room(running, short + self.headroom)
 
     def _plan_shadows(self, batch, shadows) -> None:
         """Plan asynchronous compactions into fresh slots, one launch per kept count."""
@@ -344,9 +399,7 @@ class ZipageRuntime:
         allocator = batch.token_to_kv_pool_allocator
         req_of = {it.req_pool_idx: batch.reqs[i] for it, i in zip(items, rows)}
         for k in sorted({it.kv_budget for it in items}):  # one launch group per kept count
-            same_k = [it for it in items if it.kv_budget == k]
-            for start in range(0, len(same_k), MAX_REQS_PER_LAUNCH):
-                chunk = same_k[start:start + MAX_REQS_PER_LAUNCH]
+            for chunk in self._launch_groups([it for it in items if it.kv_budget == k]):
                 plan, surplus = plan_compaction(r2t, chunk, k, self.page_size)
                 self.layout.remap_window(r2t, chunk, k, allocator,
                                          [req_of[it.req_pool_idx] for it in chunk])
@@ -355,6 +408,19 @@ class ZipageRuntime:
                 self.stats["compaction_batches"] += 1
         return [self._compacted(batch.reqs[i], i, it.kv_budget, it.suffix - it.kv_budget)
                 for it, i in zip(items, rows)]
+
+    def _launch_groups(self, items):
+        """Split into launches of at most MAX_REQS_PER_LAUNCH requests whose padded scratch
+        (requests x longest suffix) stays within SCRATCH_LIMITS budget limits."""
+        cap = SCRATCH_LIMITS * self.budget.limit
+        group = []
+        for it in sorted(items, key=lambda it: -it.suffix):
+            if group and (len(group) == MAX_REQS_PER_LAUNCH or (len(group) + 1) * group[0].suffix > cap):
+                yield group
+                group = []
+            group.append(it)
+        if group:
+            yield group
 
     def _compacted(self, req, i: int, k: int, evicted: int):
         """Book a finished compaction of ``evicted`` suffix tokens down to k kept."""

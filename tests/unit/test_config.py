@@ -43,6 +43,8 @@ def test_unknown_key_in_env_is_refused():
     (dict(redundancy_tau=0), "--zipage-redundancy-tau"),
     (dict(redundancy="maybe"), "--zipage-redundancy"),
     (dict(selection="best"), "--zipage-selection"),
+    (dict(mode="lazy"), "--zipage-mode"),
+    (dict(mode="elastic", async_compaction=True), "--zipage-mode"),
 ])
 def test_invalid_values_name_their_flag(kw, flag):
     with pytest.raises(ZipageConfigError, match=flag):

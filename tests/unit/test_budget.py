@@ -1,0 +1,34 @@
+"""Budget policy over plain ints: when a request compresses in fixed and elastic mode."""
+
+from sglang_zipage.budget import Budget, ReqState
+
+
+def _ready(window=16):
+    return ReqState(c0=0, window_since=0), window  # window slot held for `window` steps
+
+
+def test_fixed_mode_compresses_at_the_limit_elastic_never_on_its_own():
+    fixed = Budget(64, 16, 16)
+    elastic = Budget(64, 16, 16, elastic=True)
+    st, idx = _ready()
+    assert fixed.needs_compaction(st, 80, idx)
+    assert not fixed.needs_compaction(st, 79, idx)
+    assert not elastic.needs_compaction(st, 80, idx)
+    assert not elastic.needs_compaction(st, 5000, idx)
+
+
+def test_elastic_yield_starts_at_the_limit_and_needs_a_full_window():
+    b = Budget(64, 16, 16, elastic=True)
+    st, idx = _ready()
+    assert b.can_yield(st, 79, idx) == 0  # below budget + buffer: nothing to give (hysteresis)
+    assert b.can_yield(st, 80, idx) == 16
+    assert b.can_yield(st, 2000, idx) == 2000 - 64  # down to the budget in one go
+    assert b.can_yield(st, 2000, idx - 1) == 0  # window not yet filled: cannot score
+    assert b.can_yield(ReqState(c0=0), 2000, idx) == 0  # no window slot
+
+
+def test_a_request_past_its_limit_reserves_nothing_more():
+    b = Budget(64, 16, 16, elastic=True)
+    assert b.reserve(40, 1000) == 40
+    assert b.reserve(80, 1000) == 0
+    assert b.reserve(3000, 1000) == 0  # what it holds past the limit can be reclaimed
