@@ -61,7 +61,8 @@ def _compress_before_mem_check(batch, selected_indices=None):
 
 def _room_for_waiting(scheduler, running_batch, *args, **kwargs):
     if RUNTIME.ready and RUNTIME.budget.elastic:
-        RUNTIME.admit_pressure(scheduler.waiting_queue, running_batch)
+        RUNTIME.admit_pressure(scheduler.waiting_queue, running_batch,
+                               scheduler.max_running_requests)
 
 
 def _retract_compressed_last(original, reqs, server_args):

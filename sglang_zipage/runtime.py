@@ -334,10 +334,11 @@ class ZipageRuntime:
             self._set_lengths(batch, self._plan(batch, items, rows))
         return freed
 
-    def admit_pressure(self, waiting, running) -> None:
+    def admit_pressure(self, waiting, running, max_running: int) -> None:
         """Elastic mode, before admission: if the first waiting request does not fit
-        beside what running requests reserve, running requests yield the difference."""
-        if not waiting or running is None or not running.reqs:
+        beside what running requests reserve, running requests yield the difference (not
+        when the running-request cap, not memory, is what keeps it waiting)."""
+        if not waiting or running is None or not running.reqs or len(running.reqs) >= max_running:
             return
         head = waiting[0]
         budget = self.budget_of(head)
