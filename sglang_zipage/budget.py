@@ -37,6 +37,7 @@ class ReqState:
     # prefix); None until the request's next decode step after a (re-)prefill
     pos_offset: int = 0  # logical length - physical length (I5)
     compactions: int = 0
+    pressure_compactions: int = 0  # elastic mode: those made on demand
     n_stored: int = 0  # leading suffix tokens whose global score is valid (kept last time)
     window_since: int = -1  # decode_batch_idx when the request got its window slot
     max_suffix: int = 0  # largest suffix seen at a decode step (I6 evidence)

@@ -1,4 +1,5 @@
-"""Per-response compression facts in ``meta_info``: ``zipage_compactions``, ``zipage_kv_len``.
+"""Per-response compression facts in ``meta_info``: ``zipage_compactions``, ``zipage_kv_len``
+and, in elastic mode, ``zipage_pressure_compactions`` (those the pool's pressure caused).
 
 SGLang 0.5.17 carries per-request extras from the scheduler to the HTTP layer only as
 ``Req.customized_info``: per-output-token lists that the output streamer slices and the
@@ -9,7 +10,7 @@ slices repeat the request's current value, and fold the accumulated list back to
 
 from __future__ import annotations
 
-KEYS = ("zipage_compactions", "zipage_kv_len")
+KEYS = ("zipage_compactions", "zipage_kv_len", "zipage_pressure_compactions")
 
 
 class LiveValue:
@@ -28,6 +29,11 @@ def _compactions(req) -> int:
     return st.compactions if st is not None else 0
 
 
+def _pressure_compactions(req) -> int:
+    st = getattr(req, "zipage", None)
+    return st.pressure_compactions if st is not None else 0
+
+
 def _kv_len(req) -> int:
     return int(req.kv_committed_len)  # physical KV tokens held, prompt included
 
@@ -36,6 +42,7 @@ def attach(req) -> None:
     info = req.customized_info if req.customized_info is not None else {}
     info["zipage_compactions"] = LiveValue(req, _compactions)
     info["zipage_kv_len"] = LiveValue(req, _kv_len)
+    info["zipage_pressure_compactions"] = LiveValue(req, _pressure_compactions)
     req.customized_info = info
 
 

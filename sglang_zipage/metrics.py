@@ -13,6 +13,9 @@ class ZipageMetrics:
         from prometheus_client import Counter, Gauge  # after SGLang set the multiproc dir
 
         self.compactions = Counter("zipage:compactions", "Compactions (one per request compressed).")
+        self.pressure_compactions = Counter(
+            "zipage:pressure_compactions",
+            "Elastic mode: compactions made because the pool needed the room.")
         self.tokens_evicted = Counter("zipage:tokens_evicted", "KV tokens evicted by compactions.")
         self.pages_freed = Counter("zipage:pages_freed", "KV pages returned to SGLang's pool.")
         self.compaction_seconds = Counter(

@@ -233,7 +233,8 @@ class ZipageRuntime:
         st = getattr(req, "zipage", None)
         if st is not None:
             # c0 is recomputed at its next decode step, from the prefix it re-matched.
-            req.zipage = ReqState(c0=None, compactions=st.compactions)
+            req.zipage = ReqState(c0=None, compactions=st.compactions,
+                                  pressure_compactions=st.pressure_compactions)
 
     def physical_len(self, req, logical: int) -> int:
         """A logical length of the request (position count) as a column count (I5)."""
@@ -329,8 +330,11 @@ class ZipageRuntime:
             freed += gain
             items.append(item)
             rows.append(i)
+            batch.reqs[i].zipage.pressure_compactions += 1
         if items:
             self.stats["pressure_compactions"] += len(items)
+            if self.metrics is not None:
+                self.metrics.pressure_compactions.inc(len(items))
             self._set_lengths(batch, self._plan(batch, items, rows))
         return freed
 

@@ -57,6 +57,7 @@ def test_under_pressure_it_compresses_instead_of_retracting(elastic_server):
     assert all(m["completion_tokens"] == CROWD_TOKENS for m in metas)
     assert sum(m["num_retractions"] for m in metas) == 0, metas
     assert sum(m["zipage_compactions"] > 0 for m in metas) >= CROWD // 2, metas
+    assert all(m["zipage_pressure_compactions"] == m["zipage_compactions"] for m in metas)
     after = elastic_server.zipage_state()
     pressure = after["pressure_compactions"] - before["pressure_compactions"]
     assert pressure == after["compactions"] - before["compactions"] > 0  # all on demand
