@@ -76,6 +76,7 @@ CASES = [
     (torch.bfloat16, 64, 4, 16, [96, 200], 64, False),
     (torch.bfloat16, 128, 2, 1, [130, 150], 100, True),
     (torch.float16, 64, 3, 1, [66, 80, 129], 65, False),
+    (torch.bfloat16, 64, 2, 16, [1200, 400], 64, True),  # elastic: a long suffix in one go
 ]
 
 

@@ -1,4 +1,5 @@
-"""Budget policy over plain ints: when a request compresses in fixed and elastic mode."""
+"""Budget policy over plain ints (when a request compresses, fixed and elastic) and the
+scratch bound of a compaction launch."""
 
 from sglang_zipage.budget import Budget, ReqState
 
@@ -32,3 +33,20 @@ def test_a_request_past_its_limit_reserves_nothing_more():
     assert b.reserve(40, 1000) == 40
     assert b.reserve(80, 1000) == 0
     assert b.reserve(3000, 1000) == 0  # what it holds past the limit can be reclaimed
+
+
+def test_long_suffixes_compact_in_launches_of_bounded_scratch():
+    from sglang_zipage.compaction import CompactionItem
+    from sglang_zipage.config import ZipageConfig
+    from sglang_zipage.runtime import MAX_REQS_PER_LAUNCH, SCRATCH_LIMITS, ZipageRuntime
+
+    rt = ZipageRuntime(ZipageConfig(kv_budget=64, buffer=16))
+    rt.budget = Budget(64, 16, 16, elastic=True)
+    suffixes = [12000, 80, 3000, 80, 900] + [80] * 40
+    items = [CompactionItem(i, 0, s, 0, True, i, 64) for i, s in enumerate(suffixes)]
+    groups = list(rt._launch_groups(items))
+    assert sorted(it.req_pool_idx for g in groups for it in g) == list(range(len(items)))
+    for g in groups:  # padded scratch: requests x longest suffix
+        assert len(g) <= MAX_REQS_PER_LAUNCH
+        assert len(g) == 1 or len(g) * max(it.suffix for it in g) <= SCRATCH_LIMITS * 80
+    assert [it.suffix for it in groups[0]] == [12000]  # alone: more than the cap by itself
