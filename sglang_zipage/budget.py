@@ -41,7 +41,7 @@ class ReqState:
     n_stored: int = 0  # leading suffix tokens whose global score is valid (kept last time)
     window_since: int = -1  # decode_batch_idx when the request got its window slot
     max_suffix: int = 0  # largest suffix seen at a decode step (I6 evidence)
-    shadow: Any = None  # its asynchronous compaction in flight (runtime.Shadow), if any
+    shadow: Any = None  # its asynchronous compaction in flight (shadows.Shadow), if any
 
     def physical(self, logical: int) -> int:
         """A logical length (positions) as the columns it occupies (I5)."""

@@ -86,7 +86,7 @@ def _reserve_shadow_slots(result, adder, *args, **kwargs):
 
 def _count_shadow_slots(result, checker, *args, **kwargs):
     full, swa = result
-    return full + RUNTIME.shadow_held, swa
+    return full + RUNTIME.shadows.held, swa
 
 
 def _evict_for(batch, num_tokens):

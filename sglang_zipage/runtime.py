@@ -2,7 +2,9 @@
 
 The hooks (hooks.py) stay thin: each reads SGLang objects, calls one method here, and
 writes the result back. This module owns the per-process buffers (query window, global
-scores), the queue of planned compactions and the counters reported in /server_info.
+scores), the planner (at the limit in fixed mode, on demand in elastic mode), the queue of
+planned compactions, kernel launches and the counters reported in /server_info. The
+asynchronous lifecycle lives in shadows.py, the KV layouts in kv_layout.py.
 It duck-types SGLang objects (ScheduleBatch, Req, ModelRunner) and never imports sglang.
 """
 
@@ -17,43 +19,18 @@ import torch
 
 from sglang_zipage import kv_layout, request_budget
 from sglang_zipage.budget import Budget, ReqState, async_lag
-from sglang_zipage.compaction import (CompactionItem, CompactionPlan, commit_shadow, execute,
-                                      plan_compaction)
+from sglang_zipage.compaction import CompactionItem, CompactionPlan, execute, plan_compaction
 from sglang_zipage.config import ZipageConfig
 from sglang_zipage.decisions import DecisionLog
 from sglang_zipage.query_window import QueryWindow
 from sglang_zipage.scoring import ScoringParams
+from sglang_zipage.shadows import ShadowCompactions, ShadowLaunch
 
 logger = logging.getLogger("sglang_zipage")
 
 MAX_REQS_PER_LAUNCH = 32  # bounds the scoring scratch ([L, R, Hkv, S] fp32) ...
 SCRATCH_LIMITS = 32  # ... and R * S <= this many budget limits (elastic suffixes are long)
 SHADOW_BUDGETS = 8  # asynchronous mode: compactions in flight at once (fresh-slot reserve)
-
-
-@dataclasses.dataclass(eq=False)  # identity: compared in lists
-class ShadowLaunch:
-    """Asynchronous compactions planned in one scheduler step (same k): one plan whose
-    dst_slots are fresh slots, launched on the side stream at the next flush."""
-
-    plan: CompactionPlan
-    done: Optional[torch.cuda.Event] = None  # recorded on the side stream at launch
-    launched: bool = False
-
-    def finished(self) -> bool:
-        return self.launched and (self.done is None or self.done.query())
-
-
-@dataclasses.dataclass(eq=False)
-class Shadow:
-    """One request's part of a ShadowLaunch; committed by the scheduler once the launch
-    is done (or awaited at the limit)."""
-
-    launch: ShadowLaunch
-    row: int
-    snapshot: int  # S: the suffix columns it compacts, [c0, c0 + S)
-    old: torch.Tensor  # [S] their slots, freed at commit
-    fresh: torch.Tensor  # [k] where the kept tokens go
 
 
 class ZipageRuntime:
@@ -68,11 +45,7 @@ class ZipageRuntime:
         self.layout: Optional[kv_layout.KVLayout] = None  # set by attach
         self.window: Optional[QueryWindow] = None
         self.pending: List[CompactionPlan] = []
-        self.launches: List[ShadowLaunch] = []  # planned, launched at the next flush
-        self.waits: List[ShadowLaunch] = []  # committed before done: the next forward waits
-        self.shadow_capacity = 0  # tokens of fresh slots shadows may hold at once
-        self.shadow_held = 0
-        self.side_stream = None
+        self.shadows = ShadowCompactions(0, torch.device("cpu"))  # --zipage-async (attach)
         self._budgets = {}  # per-request kv_budget -> Budget
         self.metrics = None  # ZipageMetrics with --enable-metrics
         self.compressed_running = 0
@@ -121,9 +94,7 @@ class ZipageRuntime:
         if cfg.async_compaction:
             # Fresh slots for shadows in flight, set aside from admission (shadow_reserve).
             n = max(1, min(SHADOW_BUDGETS, model_runner.max_total_num_tokens // (16 * cfg.kv_budget)))
-            self.shadow_capacity = n * cfg.kv_budget
-            if self.device.type == "cuda":
-                self.side_stream = torch.cuda.Stream(device=self.device)
+            self.shadows = ShadowCompactions(n * cfg.kv_budget, self.device)
         if self.device.type == "cuda":
             self._warm_up()
         if model_runner.server_args.enable_metrics:
@@ -207,26 +178,12 @@ class ZipageRuntime:
             self.window.release(req.req_pool_idx)
         st = getattr(req, "zipage", None)
         if st is not None and st.shadow is not None:
-            self._drop_shadow(st.shadow)
+            self.shadows.drop(st.shadow, self.allocator)
             st.shadow = None
-
-    def _drop_shadow(self, sh: Shadow) -> None:
-        """Its request leaves before the commit; SGLang frees the old columns. Not launched
-        yet: its row now writes to slot 0 (SGLang's padding slot, ordered before the launch
-        by the forward stream's wait on the scheduler stream) and the fresh slots are free
-        at once. Launched: a short host wait until the side stream is done with them
-        (only when a request leaves with its compaction in flight)."""
-        launch = sh.launch
-        if not launch.launched:
-            launch.plan.dst_slots[sh.row].zero_()
-        elif launch.done is not None:
-            launch.done.synchronize()
-        self.allocator.free(sh.fresh)
-        self.shadow_held -= sh.fresh.numel()
 
     def shadow_reserve(self) -> int:
         """Tokens admission leaves free for shadows not yet in flight."""
-        return max(0, self.shadow_capacity - self.shadow_held)
+        return self.shadows.reserve()
 
     def on_retract(self, req) -> None:
         """After retraction the request re-prefills its tokens; its suffix starts over."""
@@ -254,7 +211,7 @@ class ZipageRuntime:
         """
         self.steps += 1
         items, rows, compressed, commits, shadows = [], [], 0, [], []
-        room = self.shadow_capacity - self.shadow_held
+        room = self.shadows.reserve()
         for i, req in enumerate(batch.reqs):
             budget = self.budget_of(req) if not req.finished() else None
             if budget is None or req.req_pool_idx is None:
@@ -363,17 +320,11 @@ class ZipageRuntime:
             fresh = self.alloc(batch, k * len(group)) if group else None
             if fresh is None:
                 continue  # no room now: they retry at their next step
-            fresh = fresh.view(len(group), k)
-            plan, old = plan_compaction(r2t, [it for _, it in group], k, self.page_size, fresh=fresh)
-            launch = ShadowLaunch(plan)
-            self.launches.append(launch)
+            self.shadows.plan(r2t, group, k, self.page_size, fresh.view(len(group), k))
             free = self.allocator.available_size()
-            for row, (req, it) in enumerate(group):
+            for req, it in group:
                 self.decisions.record(self.steps, req.rid, it.c0, it.suffix, k, free)
-                req.zipage.shadow = Shadow(launch, row, it.suffix, old[row, :it.suffix],
-                                           fresh[row].clone())  # dst rows may be zeroed
                 req.skip_radix_cache_insert = True  # I4 from now on
-            self.shadow_held += k * len(group)
             self.stats["async_compactions"] += len(group)
             self.stats["compaction_batches"] += 1
 
@@ -386,18 +337,10 @@ class ZipageRuntime:
     def _commit(self, batch, i: int, suffix: int):
         """Swap a request onto its compacted fresh slots; free its old snapshot."""
         req = batch.reqs[i]
-        st = req.zipage
-        sh, st.shadow = st.shadow, None
-        if not sh.launch.finished():
-            if sh.launch not in self.waits:
-                self.waits.append(sh.launch)  # the next forward waits for it on the GPU
-            self.stats["async_awaited"] += 1
-        k = sh.fresh.numel()
-        commit_shadow(batch.req_to_token_pool.req_to_token, req.req_pool_idx, st.c0,
-                      sh.snapshot, suffix, sh.fresh)
-        self.allocator.free(sh.old)
-        self.shadow_held -= k
-        return self._compacted(req, i, k, sh.snapshot - k)
+        k, evicted, awaited = self.shadows.commit(req, batch.req_to_token_pool.req_to_token,
+                                                  suffix, self.allocator)
+        self.stats["async_awaited"] += awaited
+        return self._compacted(req, i, k, evicted)
 
     def _plan(self, batch, items, rows):
         r2t = batch.req_to_token_pool.req_to_token
@@ -460,7 +403,7 @@ class ZipageRuntime:
         if self.window is None:
             return
         self.window.flush()
-        if not (self.pending or self.launches or self.waits):
+        if not (self.pending or self.shadows.busy):
             return
         t0 = time.perf_counter()
         stream = torch.cuda.current_stream() if self.device.type == "cuda" else None
@@ -471,13 +414,9 @@ class ZipageRuntime:
                 self._execute(plan, self.window.gather(plan.window_slots), sbufs, stream)
             self.pending.clear()
             self._gpu_span_end(span, stream, t0)
-        for launch in self.launches:
+        for launch in self.shadows.take_launches():
             self._launch(launch, sbufs, stream)
-        self.launches.clear()
-        for launch in self.waits:
-            if launch.done is not None:
-                stream.wait_event(launch.done)
-        self.waits.clear()
+        self.shadows.wait_committed(stream)
         elapsed = time.perf_counter() - t0
         self.stats["compaction_ms"] += elapsed * 1e3
         if self.metrics is not None:
@@ -501,7 +440,7 @@ class ZipageRuntime:
             self._gpu_span_end(None, None, t0)
             launch.launched = True
             return
-        side = self.side_stream
+        side = self.shadows.side_stream
         side.wait_stream(forward_stream)
         with torch.cuda.stream(side):
             span = self._gpu_span_start(side)
@@ -571,5 +510,5 @@ class ZipageRuntime:
                 "running_compressed_requests": compressed,
                 "free_window_slots": self.window.free_slots if self.window else None,
                 "window_slots": self.window.num_slots if self.window else None,
-                "shadow_tokens_held": self.shadow_held, **self.stats,
+                "shadow_tokens_held": self.shadows.held, **self.stats,
                 **self.decisions.summary()}
