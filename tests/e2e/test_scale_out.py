@@ -157,7 +157,8 @@ def test_router_keeps_each_conversation_on_the_replica_holding_its_prompt(zipage
                   ("A train leaves at 9:40 and arrives at 13:05. How long is the journey?",
                    "Tickets cost 23 euros each. What do four tickets cost?"))]
 
-        def converse(system, tasks):
+        def converse(system, tasks, delay):
+            time.sleep(delay)  # the first conversation's request is in flight: load 1 vs 0
             messages, records = [{"role": "system", "content": system}], []
             for task in tasks:
                 messages.append({"role": "user", "content": task})
@@ -167,7 +168,7 @@ def test_router_keeps_each_conversation_on_the_replica_holding_its_prompt(zipage
             return records
 
         with ThreadPoolExecutor(2) as ex:
-            turns = list(ex.map(lambda talk: converse(*talk), talks))
+            turns = list(ex.map(lambda talk, delay: converse(*talk, delay), talks, (0, 1)))
         for first, later in turns:
             assert first["completion_tokens"] == later["completion_tokens"] == 100
             # as on one server: the earlier prompt is reused, the compressed answer is not
