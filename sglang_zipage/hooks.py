@@ -144,8 +144,10 @@ def _outputs_stay_private(original, req, tree_cache, **kwargs):
 def _report_state(result, scheduler, *args, **kwargs):
     running = scheduler.running_batch.reqs if scheduler.running_batch is not None else []
     report = RUNTIME.report(running)
-    tp = scheduler.tp_group
-    if tp.world_size > 1:  # every TP rank handles this request: gather what each did
+    # The ranks that run the same requests: all TP ranks, or with DP attention the ranks of
+    # this attention-TP group. Each of them handles this control request: gather what each did.
+    tp = scheduler.attn_tp_group
+    if tp.world_size > 1:
         from sglang_zipage import decisions
 
         report.update(decisions.across_ranks(RUNTIME.decisions.summary(), tp.cpu_group))
