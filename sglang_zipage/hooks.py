@@ -25,7 +25,6 @@ RUNTIME = None  # the ZipageRuntime of this process, once installed with zipage 
 FRONTEND_CONFIG = None  # the config, in the process that runs the tokenizer manager
 _INSTALLED = False
 _FRONTEND_INSTALLED = False
-_STOCK_CLIP = 4096  # SGLang's own per-request output estimate, kept for opted-out requests
 
 _SRT = "sglang.srt."
 
@@ -75,8 +74,7 @@ def _retract_compressed_last(original, reqs, server_args):
 def _running_reserve(original, adder, req):
     reserve = RUNTIME.running_reserve(req)
     if reserve is None:  # compression off for this request: SGLang's own estimate
-        remaining = req.sampling_params.max_new_tokens - len(req.output_ids)
-        return min(remaining, _STOCK_CLIP) * adder.new_token_ratio
+        return RUNTIME.stock_reserve(req) * adder.new_token_ratio
     return reserve
 
 
@@ -316,7 +314,7 @@ def apply_cpu_fixes() -> None:
 def install(config: Optional[ZipageConfig], *, device: Optional[str] = None,
             page_size: int = 1) -> None:
     """Activate zipage in this process (idempotent). config None/disabled = stock SGLang."""
-    global RUNTIME, _INSTALLED, _STOCK_CLIP
+    global RUNTIME, _INSTALLED
     import sglang
 
     if sglang.__version__ != SGLANG_VERSION:
@@ -329,9 +327,10 @@ def install(config: Optional[ZipageConfig], *, device: Optional[str] = None,
     from sglang.srt.managers import schedule_policy
     from sglang_zipage.runtime import ZipageRuntime
 
-    RUNTIME = ZipageRuntime(config, evict=_evict_for)
-    # New requests reserve prompt + budget + buffer, not max_new_tokens (read at call time).
-    _STOCK_CLIP = schedule_policy.CLIP_MAX_NEW_TOKENS
+    # SGLang's own output estimate stays for requests that opted out of compression ...
+    RUNTIME = ZipageRuntime(config, evict=_evict_for,
+                            stock_clip=schedule_policy.CLIP_MAX_NEW_TOKENS)
+    # ... new requests reserve prompt + budget + buffer, not max_new_tokens (read at call time).
     schedule_policy.CLIP_MAX_NEW_TOKENS = config.kv_budget + config.buffer + page_size
     _apply(_hook_table())
     _INSTALLED = True

@@ -34,8 +34,9 @@ SHADOW_BUDGETS = 8  # asynchronous mode: compactions in flight at once (fresh-sl
 
 
 class ZipageRuntime:
-    def __init__(self, config: ZipageConfig, evict=None):
+    def __init__(self, config: ZipageConfig, evict=None, stock_clip: int = 4096):
         self.config = config
+        self.stock_clip = stock_clip  # SGLang's output estimate (CLIP_MAX_NEW_TOKENS)
         self.evict = evict  # evict(batch, n): make n slots free from the radix tree (hooks)
         self.params = ScoringParams(
             window=config.window, decay=config.decay, redundancy=config.redundancy,
@@ -172,6 +173,15 @@ class ZipageRuntime:
         remaining = req.sampling_params.max_new_tokens - len(req.output_ids)
         return budget.reserve(self.suffix_len(req), remaining)
 
+    def stock_reserve(self, req) -> int:
+        """SGLang's own estimate of what a request that never compresses may still add."""
+        return min(req.sampling_params.max_new_tokens - len(req.output_ids), self.stock_clip)
+
+    def admission_view(self, req) -> int:
+        """What admission sets aside for a running request (before SGLang's new-token ratio)."""
+        own = self.running_reserve(req)
+        return self.stock_reserve(req) if own is None else own
+
     def on_release(self, req) -> None:
         """The request gives back its req_pool_idx (finish, abort or retraction)."""
         if self.window is not None and req.req_pool_idx is not None:
@@ -303,9 +313,9 @@ class ZipageRuntime:
             return
         head = waiting[0]
         budget = self.budget_of(head)
-        output = head.sampling_params.max_new_tokens
-        need = len(head.origin_input_ids) + (budget.admission_reserve() if budget else output)
-        reserved = sum(self.running_reserve(r) or 0 for r in running.reqs if not r.finished())
+        need = len(head.origin_input_ids) + (budget.admission_reserve() if budget
+                                             else self.stock_reserve(head))
+        reserved = sum(self.admission_view(r) for r in running.reqs if not r.finished())
         short = need + reserved - self._room(running)
         if short > 0:
             self.make_room(running, short + self.headroom)
