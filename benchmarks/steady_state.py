@@ -102,7 +102,7 @@ sys.path[:0] = [HERE, os.path.join(REPO, "tests", "e2e")]
 from bench_throughput import (git_commit, server_info, tiny_model_dir, vocab_size,  # noqa: E402
                               write_json)
 from soak import get_json, load_snapshot, zipage_state  # noqa: E402
-from throughput_load import log, rnd  # noqa: E402
+from throughput_load import log, rnd, zipage_progress  # noqa: E402
 from zipage_server import Server  # noqa: E402
 
 DEFAULT_MODEL = os.path.join(REPO, "benchmarks", "models", "qwen3-8b-dummy")
@@ -341,12 +341,9 @@ def progress_line(prev: Dict, s: Dict) -> str:
     if prev and "decode_tokens" in prev and "decode_tokens" in s and s["epoch"] > prev["epoch"]:
         rate = (s["decode_tokens"] - prev["decode_tokens"]) / (s["epoch"] - prev["epoch"])
     use = s["used_tokens"] / s["pool_tokens"] if s.get("pool_tokens") else None
-    z = s.get("zipage") or {}
-    zpart = (f" compactions={z.get('compactions')} comp_gpu_ms={z.get('compaction_gpu_ms') or 0:.0f}"
-             if z else "")
     return (f"t={s['t_s']}s tok/s={rnd(rate, 1)} running={s.get('running_reqs')} "
             f"waiting={s.get('waiting_reqs')} pool_use={rnd(use, 3)} retractions="
-            f"{s.get('retractions')} finished={s.get('finished_requests')}{zpart}"
+            f"{s.get('retractions')} finished={s.get('finished_requests')}{zipage_progress(s)}"
             + (f" errors={s['errors']}" if s.get("errors") else ""))
 
 

@@ -114,13 +114,17 @@ def progress_line(run: LoadRun, prev: Optional[Dict], s: Dict) -> str:
     rate = 0.0
     if prev is not None and s["t_s"] > prev["t_s"]:
         rate = (s["output_tokens"] - prev["output_tokens"]) / (s["t_s"] - prev["t_s"])
-    z = s.get("zipage") or {}
-    zpart = (f" compactions={z.get('compactions')} comp_gpu_ms={z.get('compaction_gpu_ms') or 0:.0f}"
-             if z else "")
     return (f"[{run.which} {run.label or run.spec.name}] t={s['t_s']:6.1f}s tokens={s['output_tokens']} "
             f"tok/s={rate:8.1f} running={s.get('running_reqs')} waiting={s.get('waiting_reqs')} "
             f"usage={s.get('token_usage')} retractions={s['retractions']} "
-            f"finished={s['finished']}/{run.spec.num_requests}{zpart}")
+            f"finished={s['finished']}/{run.spec.num_requests}{zipage_progress(s)}")
+
+
+def zipage_progress(sample: Dict) -> str:
+    """The zipage part of a progress line ('' for stock)."""
+    z = sample.get("zipage") or {}
+    return (f" compactions={z.get('compactions')} comp_gpu_ms={z.get('compaction_gpu_ms') or 0:.0f}"
+            if z else "")
 
 
 async def drive_load(engine, run: LoadRun, prompts, sp: Dict, end_s: float, args,
