@@ -77,7 +77,8 @@ SERVER_INFO_KEYS = ("max_total_num_tokens", "max_running_requests", "max_prefill
                     "kv_cache_dtype", "dtype", "device", "attention_backend",
                     "decode_attention_backend", "prefill_attention_backend",
                     "sampling_backend", "mem_fraction_static", "disable_cuda_graph",
-                    "disable_radix_cache", "schedule_policy", "stream_interval", "version")
+                    "disable_radix_cache", "schedule_policy", "stream_interval", "version",
+                    "tp_size", "dp_size")
 STOCK_NOTE = ("stock = sglang_zipage.Engine(zipage_enabled=False, ...): no zipage hook is "
               "installed, SGLang 0.5.17's own code runs (on a machine without a GPU only the "
               "CPU rotary-import fix is applied, which stock SGLang needs to start there)")
@@ -111,6 +112,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     a("--max-running-requests", type=int, default=None)
     a("--page-size", type=int, default=1)
     a("--chunked-prefill-size", type=int, default=None)
+    a("--tp-size", type=int, default=None, help="SGLang tensor parallel (GPUs per replica)")
+    a("--dp-size", type=int, default=None, help="SGLang data parallel (replicas)")
     a("--disable-cuda-graph", action="store_true")
     a("--disable-overlap-schedule", action="store_true")
     a("--disable-prefill-cuda-graph", action="store_true",
@@ -243,7 +246,7 @@ def engine_kwargs(args, model_dir: str) -> Dict:
     max_total = args.max_total_tokens or (4096 if args.tiny else None)
     if max_total:
         kw["max_total_tokens"] = max_total
-    for name in ("max_running_requests", "chunked_prefill_size"):
+    for name in ("max_running_requests", "chunked_prefill_size", "tp_size", "dp_size"):
         if getattr(args, name) is not None:
             kw[name] = getattr(args, name)
     if args.disable_overlap_schedule:

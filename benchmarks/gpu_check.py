@@ -13,6 +13,8 @@ Dummy weights are identical across engines (SGLang seeds them per parameter).
 
 usage: python3 benchmarks/gpu_check.py --out results.json [--combos triton:1,triton:16,flashinfer:1]
        [--modes sync,async]   (one stock engine, then one zipage engine per mode)
+       [--tp-size 2] [--dp-size 2]   (SGLang's own TP / DP; counters summed over DP replicas,
+                                      rows carry tp_size and dp_size)
 """
 
 import argparse
@@ -65,9 +67,21 @@ def scenarios(eng, rng_seed=0):
     fresh = gen(eng, [users[0]], 32)[0]
     res["radix_output"] = fresh["output_ids"]
     res["radix_cached"] = fresh["meta_info"]["cached_tokens"]
-    info = eng.get_server_info()["internal_states"][0]
-    res["zipage"] = info.get("zipage")
+    res["zipage"] = merged([s.get("zipage") for s in eng.get_server_info()["internal_states"]])
     return res
+
+
+def merged(states):
+    """One zipage state over DP replicas: counters summed, largest suffix the largest."""
+    states = [s for s in states if s]
+    if not states:
+        return None
+    out = dict(states[0])
+    for key in ("compactions", "async_compactions", "shadow_tokens_held"):
+        out[key] = sum(s.get(key, 0) for s in states)
+    out["max_suffix_tokens"] = max(s.get("max_suffix_tokens", 0) for s in states)
+    out["replicas"] = len(states)
+    return out
 
 
 def check(stock, zipage, budget, buffer, mode="sync"):
@@ -95,12 +109,18 @@ def main():
                    help="decode batch sizes to capture, e.g. 1,32 (flashinfer's first capture "
                         "compiles for about a minute per batch size on a fresh machine)")
     p.add_argument("--modes", default="sync", help="zipage modes to check: sync, async or both")
+    p.add_argument("--tp-size", type=int, default=1)
+    p.add_argument("--dp-size", type=int, default=1)
     p.add_argument("--out", required=True)
     a = p.parse_args()
     os.environ.update(STRICT)
     extra = {}
     if a.disable_overlap_schedule:
         extra["disable_overlap_schedule"] = True
+    if a.tp_size > 1:
+        extra["tp_size"] = a.tp_size
+    if a.dp_size > 1:
+        extra["dp_size"] = a.dp_size
     if a.disable_cuda_graph:
         extra["disable_cuda_graph"] = True
     elif a.graph_bs:
@@ -130,7 +150,8 @@ def main():
         except Exception:
             runs["error"] = traceback.format_exc()[-4000:]
         for mode in modes:
-            row = {"backend": backend, "page_size": page, "async": mode == "async"}
+            row = {"backend": backend, "page_size": page, "async": mode == "async",
+                   "tp_size": a.tp_size, "dp_size": a.dp_size}
             if mode in runs and "stock" in runs:
                 row["passed"] = check(runs["stock"], runs[mode], a.budget, a.buffer, mode)
                 row["zipage_state"] = runs[mode]["zipage"]
