@@ -42,7 +42,8 @@ class ZipageConfig:
         "Must be a multiple of --page-size and at least --zipage-window + --zipage-sink."))
     buffer: int = field(default=256, metadata=_flag(
         "Decode tokens written between two compactions (paper: the working block b). "
-        "A request's decode KV never exceeds kv_budget + buffer. Multiple of --page-size."))
+        "In fixed mode a request's decode KV never exceeds kv_budget + buffer. Multiple of "
+        "--page-size."))
     mode: str = field(default="fixed", metadata=_flag(
         "fixed: a request compresses whenever its decode KV reaches kv_budget + buffer. "
         "elastic: the budget is a floor; requests keep their full KV while the pool has room, "
