@@ -25,7 +25,7 @@ def test_help_lists_zipage_flags_with_defaults():
     assert r.returncode == 0
     for flag in ("--zipage-kv-budget", "--zipage-buffer", "--zipage-window", "--zipage-disable",
                  "--zipage-async", "--zipage-decay", "--zipage-redundancy", "--zipage-pooling",
-                 "--zipage-sink", "--model-path", "--attention-backend"):
+                 "--zipage-sink", "--zipage-mode", "--model-path", "--attention-backend"):
         assert flag in r.stdout
     assert "default: 2048" in r.stdout
 
