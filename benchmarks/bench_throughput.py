@@ -110,6 +110,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     a("--mem-fraction-static", type=float, default=None, help="default 0.85 on GPU")
     a("--max-total-tokens", type=int, default=None, help="KV pool size (default: SGLang's; 4096 with --tiny)")
     a("--max-running-requests", type=int, default=None)
+    a("--kv-cache-dtype", default="auto", help="SGLang's --kv-cache-dtype (both engines), "
+      "e.g. fp8_e4m3; a load's JSON entry records it and merges key on it")
     a("--page-size", type=int, default=1)
     a("--chunked-prefill-size", type=int, default=None)
     a("--tp-size", type=int, default=None, help="SGLang tensor parallel (GPUs per replica)")
@@ -246,6 +248,8 @@ def engine_kwargs(args, model_dir: str) -> Dict:
     max_total = args.max_total_tokens or (4096 if args.tiny else None)
     if max_total:
         kw["max_total_tokens"] = max_total
+    if args.kv_cache_dtype != "auto":
+        kw["kv_cache_dtype"] = args.kv_cache_dtype
     for name in ("max_running_requests", "chunked_prefill_size", "tp_size", "dp_size"):
         if getattr(args, name) is not None:
             kw[name] = getattr(args, name)
@@ -337,7 +341,7 @@ def run_engine(which: str, args, model_dir: str, specs: List[Tuple[str, LoadSpec
         eng_res["server_info"] = server_info(engine)
         log(f"{which} warm-up {eng_res['warmup_s']} s; server info {eng_res['server_info']}")
         for label, spec in specs:
-            entry = load_entry(results, label, spec)
+            entry = load_entry(results, label, spec, variant(args))
             entry[which] = run_one_load(engine, which, label, spec, args, vocab, clock,
                                         is_last_engine,
                                         save=lambda partial: save_partial(results, entry, which,
@@ -386,11 +390,23 @@ def run_one_load(engine, which: str, label: str, spec: LoadSpec, args, vocab: in
     return res
 
 
-def load_entry(results: Dict, label: str, spec: LoadSpec) -> Dict:
+VARIANT_DEFAULTS = {"kv_cache_dtype": "auto", "zipage_mode": "fixed"}
+
+
+def variant(args) -> Dict:
+    """What besides the load's sizes tells two entries apart (entries written before a key was
+    recorded ran its default)."""
+    return {"kv_cache_dtype": args.kv_cache_dtype,
+            "zipage_mode": zipage_options(args).get("mode", "fixed")}
+
+
+def load_entry(results: Dict, label: str, spec: LoadSpec, var: Dict) -> Dict:
+    """One entry per (load, sizes, variant)."""
     for e in results["loads"]:
-        if e["load"] == label and e["spec"] == dataclasses.asdict(spec):
+        if (e["load"] == label and e["spec"] == dataclasses.asdict(spec)
+                and all(e.get(k, d) == var[k] for k, d in VARIANT_DEFAULTS.items())):
             return e
-    e = {"load": label, "spec": dataclasses.asdict(spec)}
+    e = {"load": label, "spec": dataclasses.asdict(spec), **var}
     results["loads"].append(e)
     return e
 
@@ -446,7 +462,8 @@ def merge(paths: List[str], out: str) -> Dict:
     for d in docs:
         res["engines"].update(d.get("engines", {}))
         for e in d.get("loads", []):
-            tgt = load_entry(res, e["load"], LoadSpec(**e["spec"]))
+            tgt = load_entry(res, e["load"], LoadSpec(**e["spec"]),
+                             {k: e.get(k, d) for k, d in VARIANT_DEFAULTS.items()})
             for which in ("stock", "zipage"):
                 if which in e:
                     tgt[which] = e[which]
