@@ -47,6 +47,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import importlib.util
 import json
 import os
 import random
@@ -60,8 +61,11 @@ import traceback
 from typing import Dict, List, Optional, Tuple
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-if REPO not in sys.path:
-    sys.path.insert(0, REPO)  # spawned schedulers get sys.path too
+if importlib.util.find_spec("sglang_zipage") is None:
+    # Not installed: the checkout's root (spawned schedulers get sys.path too). Only then:
+    # the root holds kernels/, which shadows PyPI's ``kernels`` where that is missing (the
+    # GPU bundle), and transformers' import of it then fails (benchmarks/device_env.sh).
+    sys.path.insert(0, REPO)
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from throughput_load import (LOADS, LoadRun, LoadSpec, drive_load, log, summarize,  # noqa: E402
