@@ -74,6 +74,7 @@ class Outcome:
     detail: str = ""
     compactions: Optional[int] = None
     tokens: int = 0
+    retractions: int = 0
 
 
 @dataclass
@@ -109,7 +110,8 @@ def server_facts(url: str) -> dict:
     if facts["zipage"]:
         cfg = z["config"]
         facts.update(kv_budget=cfg["kv_budget"], buffer=cfg["buffer"], window=cfg["window"],
-                     sink=cfg["sink"], async_compaction=bool(cfg.get("async_compaction")))
+                     sink=cfg["sink"], async_compaction=bool(cfg.get("async_compaction")),
+                     mode=cfg.get("mode", "fixed"))
     return facts
 
 
@@ -227,6 +229,11 @@ def check_final(job: Job, out: dict, facts: dict, text: str, n_ids: int) -> str:
     if facts["zipage"]:
         if job.budget == 0 and meta["zipage_compactions"] != 0:
             return f"budget 0 but {meta['zipage_compactions']} compactions"
+        if facts["mode"] == "elastic":  # the budget is a floor: compacted only on demand
+            if meta.get("zipage_pressure_compactions") != meta["zipage_compactions"]:
+                return (f"elastic: {meta['zipage_compactions']} compactions, "
+                        f"{meta.get('zipage_pressure_compactions')} of them on demand")
+            return ""
         k = facts["kv_budget"] if job.budget is None else job.budget
         if job.budget != 0 and meta["zipage_kv_len"] > meta["prompt_tokens"] + k + facts["buffer"]:
             return (f"zipage_kv_len {meta['zipage_kv_len']} > prompt {meta['prompt_tokens']} "
@@ -253,7 +260,7 @@ def _final(job: Job, out: dict, bad: str) -> Outcome:
         return Outcome(job.index, "error", bad)
     meta = out["meta_info"]
     return Outcome(job.index, "completed", compactions=meta.get("zipage_compactions"),
-                   tokens=meta["completion_tokens"])
+                   tokens=meta["completion_tokens"], retractions=meta.get("num_retractions") or 0)
 
 
 def _stream(url: str, job: Job, facts: dict, timeout: float) -> Outcome:
@@ -405,6 +412,7 @@ def soak(args, argv=None) -> dict:
         "output_tokens_completed": sum(o.tokens for o in outs if o.status == "completed"),
         "aborted_after_a_compaction": sum(1 for o in outs if o.status == "aborted" and o.compactions),
         "completed_with_compactions": sum(1 for o in outs if o.status == "completed" and o.compactions),
+        "retractions_of_completed": sum(o.retractions for o in outs if o.status == "completed"),
         "load_s": round(load_s, 1), "total_s": round(time.perf_counter() - t0, 1),
     }
     if z_before is not None and z_after is not None:
