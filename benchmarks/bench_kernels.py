@@ -8,7 +8,10 @@ permuted slots. Measures (CUDA events, warm-up first, median of N):
                        written (+ kept scores read) / s; in place, batch 32
   Launch configs of both kernels are swept first (batch 32) and the fastest are
   adopted (kernels' TUNING) for every later number; "tuning" records them.
-  batch{1,8,32}_compress_ms   score_tokens (default params) + select_topk + compact_kv
+  batch{1,8,32}_compress_ms   scoring.select_and_compact, what the engine runs (default
+                       params): score_tokens + select_topk + in_place_order + compact_kv;
+                       each pipeline row also times compact_kv with ascending keep (every
+                       kept row moves) and with in_place_order's (only holes + window move)
   qwindow_write_us_per_step   36 index_puts of a [256, Hq, D] query into a
                        [rows, W, Hq, D] ring at [req_pool_idx, pos % W], per decode
                        step (CUDA-graph replay; eager, and an index_copy_ variant too)
@@ -44,7 +47,8 @@ from sglang_zipage.kernels import scores as scores_mod  # noqa: E402
 from sglang_zipage.kernels.compaction import compact_kv  # noqa: E402
 from sglang_zipage.kernels.scores import window_attention_scores  # noqa: E402
 from sglang_zipage import scoring as scoring_mod  # noqa: E402
-from sglang_zipage.scoring import LayerKV, ScoringParams, score_tokens  # noqa: E402
+from sglang_zipage.scoring import (LayerKV, ScoringParams, in_place_order,  # noqa: E402
+                                   score_tokens, select_and_compact)
 
 FULL = dict(layers=36, hq=32, hkv=8, d=128, s=2304, k=2048, batches=[1, 8, 32], w=16,
             q_bs=256, dtype=torch.bfloat16, iters=10, copy_bytes=2 << 30)
@@ -177,14 +181,15 @@ def bench_pipeline(cfg, pool, b):
     def scoring():
         return score_tokens(params, q, LayerKV(pool.k, pool.v), pool.sb, src, lens, n_stored, first, scale)
 
-    def full():
-        final, g = scoring()
-        keep = select_topk(final, k)
-        compact_kv(pool.k, pool.v, pool.sb, src, keep, dst, torch.gather(g, -1, keep))
+    def full():  # what the engine runs: scoring.select_and_compact
+        select_and_compact(params, q, LayerKV(pool.k, pool.v), pool.sb, src, lens, n_stored,
+                           first, scale, dst, k)
 
     final, g = scoring()
     keep = select_topk(final, k)
     kept = torch.gather(g, -1, keep)
+    arranged = in_place_order(keep, params.window)
+    kept_arranged = torch.gather(g, -1, arranged)
     it = cfg["iters"]
     att = window_attention_scores(q, pool.k, src, lens, scale)
     valid = scoring_mod.valid_positions(lens, src.shape[1])
@@ -196,7 +201,11 @@ def bench_pipeline(cfg, pool, b):
         protect_ms=timed_ms(lambda: scoring_mod.protect(att, lens, params.sink, params.window), it),
         score_tokens_ms=timed_ms(scoring, it),
         select_topk_ms=timed_ms(lambda: select_topk(final, k), it),
-        compact_kv_ms=timed_ms(lambda: compact_kv(pool.k, pool.v, pool.sb, src, keep, dst, kept), it),
+        in_place_order_ms=timed_ms(lambda: in_place_order(keep, params.window), it),
+        compact_kv_ascending_ms=timed_ms(lambda: compact_kv(pool.k, pool.v, pool.sb, src, keep, dst, kept), it),
+        compact_kv_ms=timed_ms(lambda: compact_kv(pool.k, pool.v, pool.sb, src, arranged, dst,
+                                                  kept_arranged), it),
+        rows_moved_share=(arranged != torch.arange(k, device=src.device)).float().mean().item(),
         total_ms=timed_ms(full, it),
     )
 
@@ -257,6 +266,7 @@ def bf16_checks(cfg, dev):
     keep = random_keep(layers, n_req, cfg, dev, seed=9)
     shift = (torch.arange(cfg["k"], device=dev) + cfg["s"] - cfg["k"]).expand_as(keep).contiguous()
     for name, kp, dst in (("in_place", keep, pool.src[:, : cfg["k"]].contiguous()),
+                          ("in_place_order", in_place_order(keep, 16), pool.src[:, : cfg["k"]].contiguous()),
                           ("disjoint", keep, pool.disjoint_dst),
                           ("in_place_max_shift", shift, pool.src[:, : cfg["k"]].contiguous())):
         kept = torch.rand(kp.shape, device=dev)

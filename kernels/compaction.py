@@ -4,7 +4,8 @@ One program per (layer, request, KV head) walks j = 0..K-1 in blocks of BLOCK_J:
 it loads the block's source rows (K, V), waits at a barrier, then stores them.
 
 Why this is race-free when dst_slots[r] == src_slots[r, :K] (in place):
-  keep is strictly ascending, so keep[j] >= j. Block c reads positions
+  keep's values are distinct with keep[j] >= j (true of any ascending keep, and of
+  scoring.in_place_order's arrangement). Block c reads positions
   keep[j] >= c * BLOCK_J and writes positions [c * BLOCK_J, (c+1) * BLOCK_J).
   A position p read by block c is written by block c' = p // BLOCK_J >= c. All
   warps pass barrier c' only after all of them did the loads of blocks <= c', so
@@ -103,8 +104,9 @@ def compact_kv(
             None when the key row holds the value too (MLA's latent row).
         score_buffers: L tensors [slots, Hkv] float32, or None.
         src_slots: [R, S_max] int64, rows contiguous.
-        keep: [L, R, Hkv, K] int64, strictly ascending per row, values in
-            [0, src_lens[r]); last dim contiguous. Not checked on the device.
+        keep: [L, R, Hkv, K] int64, distinct per row with keep[..., j] >= j (e.g.
+            ascending), values in [0, src_lens[r]); last dim contiguous. Not checked on
+            the device.
         dst_slots: [R, K] int64, rows contiguous; either src_slots[:, :K] (in place) or
             slots disjoint from every src slot; distinct across requests.
         kept_scores: [L, R, Hkv, K] float32 or None; stored to

@@ -91,7 +91,7 @@ def compact_kv_ref(
             v_buffers None when the key row holds the value too (MLA's latent row).
         score_buffers: L tensors [slots, Hkv] float32, or None.
         src_slots: [R, S_max] int64 slot ids of the compressible tokens.
-        keep: [L, R, Hkv, K] int64, ascending per row, values in [0, src_lens[r]).
+        keep: [L, R, Hkv, K] int64, distinct per row, values in [0, src_lens[r]).
         dst_slots: [R, K] int64 destination slots (may equal src_slots[:, :K]).
         kept_scores: [L, R, Hkv, K] float32 or None; written to score_buffers when both given.
 

@@ -21,7 +21,9 @@ Stages, exactly:
      With redundancy "none", final = g.
   5. protect    the first `sink` valid tokens and the last `window` valid tokens get
      +inf; padding gets -inf.
-Then select_topk keeps the k best positions per (layer, request, KV head).
+Then select_topk keeps the k best positions per (layer, request, KV head), and
+in_place_order arranges them so that compacting in place moves few rows (the recent
+window stays last, in order).
 Imports torch and sglang_zipage.kernels only.
 """
 
@@ -225,6 +227,32 @@ def newest(src_lens: torch.Tensor, k: int, n_layers: int, hkv: int) -> torch.Ten
     return pos.to(torch.int64)[None, :, None, :].expand(n_layers, -1, hkv, -1).contiguous()
 
 
+def in_place_order(keep: torch.Tensor, tail: int) -> torch.Tensor:
+    """Arrange an ascending keep [..., k] so that an in-place compaction moves few rows.
+
+    The last ``tail`` entries (the recent window) stay last, in order, so the next
+    compaction finds the newest tokens at the end again. Of the first m = k - tail
+    entries, a kept position p < m stays at p; the kept positions >= m fill, in ascending
+    order, the positions < m that were evicted. A compaction from suffix S down to k then
+    moves about (S - k) + tail rows per head instead of k. The result holds the same set
+    and keeps out[j] >= j, what compact_kv needs to compact in place.
+    """
+    k = keep.shape[-1]
+    m = k - tail
+    if m <= 0:
+        return keep
+    head = keep[..., :m]
+    stay = head < m  # a prefix of each row (ascending)
+    n_stay = stay.sum(-1, keepdim=True)
+    occupied = torch.zeros((*head.shape[:-1], m + 1), dtype=torch.bool, device=keep.device)
+    occupied.scatter_(-1, torch.where(stay, head, m), True)
+    hole = ~occupied[..., :m]
+    rank = hole.cumsum(-1) - 1  # the r-th hole of a row takes its r-th filler
+    filler = head.gather(-1, (n_stay + rank).clamp_(0, m - 1))
+    pos = torch.arange(m, device=keep.device).expand_as(head)
+    return torch.cat([torch.where(hole, filler, pos), keep[..., m:]], dim=-1)
+
+
 def select_and_compact(
     params: ScoringParams,
     q_window: torch.Tensor,
@@ -238,16 +266,20 @@ def select_and_compact(
     dst_slots: torch.Tensor,
     k: int,
 ) -> torch.Tensor:
-    """score_tokens + select_topk + compact_kv. Returns keep [L, R, Hkv, k] int64.
+    """score_tokens + select_topk + compact_kv. Returns keep [L, R, Hkv, k] int64: the
+    position that dst_slots[r, j] of each head now holds, in ``in_place_order`` (ascending
+    for the "recent" control, whose next selection reads recency from the order).
 
     dst_slots: [R, k] int64 (see compact_kv); k <= min(src_lens). After the call,
     score_buffers (if given) hold g of the kept tokens at dst_slots; kv's recent layers
-    hold their newest k tokens.
+    hold their newest k tokens, in order.
     """
     final, g = score_tokens(
         params, q_window, kv, score_buffers, src_slots, src_lens, n_stored, first, sm_scale
     )
     keep = select_topk(final, k)
+    if params.selection != "recent":
+        keep = in_place_order(keep, min(params.window, k))
     kept_scores = torch.gather(g, -1, keep) if score_buffers is not None else None
     compact_kv(kv.keys, kv.values, score_buffers, src_slots, keep, dst_slots, kept_scores)
     if kv.recent_keys:

@@ -91,6 +91,23 @@ def test_compaction_matches_twin_bit_exact(dtype, d, hkv, page_size, lens, k, in
     assert_moved_rows(old, new, pool, keep, dst, kept)
 
 
+@pytest.mark.parametrize("block_j", [16, None])
+def test_in_place_order_compacts_in_place_bit_exact(block_j):
+    """keep as scoring arranges it (scoring.in_place_order: not ascending, keep[j] >= j):
+    the same rows land where the twin puts them, and only the moved rows change."""
+    from sglang_zipage.scoring import in_place_order
+
+    lens, k, tail = [200, 150], 96, 16
+    pool = make_pool(lens, hkv=2, d=64, dtype=torch.bfloat16, page_size=16, extra_pages=8)
+    ascending = random_keep(2, lens, 2, k, seed=11)
+    keep = in_place_order(ascending, tail)
+    assert not torch.equal(keep, ascending)
+    dst = pool.src_slots[:, :k].clone()
+    old, new, twin, kept = run_both(pool, keep, dst, block_j=block_j)
+    assert_bit_equal(new, twin)
+    assert_moved_rows(old, new, pool, keep, dst, kept)
+
+
 @pytest.mark.parametrize("block_j", [16, 64])
 def test_in_place_compaction_survives_the_largest_shift(block_j):
     lens, k = [120, 120], 48  # keep the last 48 tokens: every row moves 72 slots down

@@ -19,7 +19,8 @@ if not torch.cuda.is_available():  # before the first Triton launch (kernels jit
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 from sglang_zipage.kernels import ENV_BACKEND, select_topk, window_attention_scores_ref  # noqa: E402
-from sglang_zipage.scoring import LayerKV, ScoringParams, score_tokens, select_and_compact  # noqa: E402
+from sglang_zipage.scoring import (LayerKV, ScoringParams, in_place_order, score_tokens,  # noqa: E402
+                                   select_and_compact)
 
 # The interpreter calls a NumPy API deprecated in 1.25 on every launch.
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning:triton.runtime.interpreter")
@@ -182,13 +183,40 @@ def test_select_and_compact_moves_rows_and_stores_global_score():
     dst = x["src"][:, :8].clone()
     keep = select_and_compact(params, x["q"], LayerKV(x["k"], x["v"]), x["sb"], x["src"], x["lens"],
                               n_stored, first, x["scale"], dst, 8)
-    assert torch.equal(keep, select_topk(final, 8))
+    assert torch.equal(keep, in_place_order(select_topk(final, 8), params.window))
     for l in range(2):
         for r, n in enumerate(lens):
             for h in range(2):
                 assert set(range(n - 2, n)) <= set(keep[l, r, h].tolist())  # window kept
                 assert torch.equal(x["k"][l][dst[r], h], old_k[l][x["src"][r, keep[l, r, h]], h])
                 assert torch.equal(x["sb"][l][dst[r], h], g[l, r, h, keep[l, r, h]])
+
+
+def _in_place_order_twin(row, tail):
+    """The arrangement, one row in plain Python: the window stays last; kept positions
+    below m = k - tail stay put; the others fill the evicted positions below m in order."""
+    k = len(row)
+    m = k - tail
+    if m <= 0:
+        return list(row)
+    head = row[:m]
+    fillers = iter([p for p in head if p >= m])
+    out = [p if p in head else next(fillers) for p in range(m)]
+    return out + list(row[m:])
+
+
+@pytest.mark.parametrize("k,tail", [(40, 8), (40, 0), (8, 8), (64, 4)])
+def test_in_place_order_matches_its_twin_and_moves_few_rows(k, tail):
+    rand = torch.rand(2, 3, 4, 80)
+    keep = select_topk(rand, k)
+    got = in_place_order(keep, tail)
+    for a, b in zip(got.reshape(-1, k).tolist(), keep.reshape(-1, k).tolist()):
+        assert a == _in_place_order_twin(b, tail)
+        assert sorted(a) == b  # the same tokens
+        assert all(p >= j for j, p in enumerate(a))  # what compact_kv needs in place
+        assert a[k - tail:] == b[k - tail:]  # the newest stay last, in order
+        # stationary rows are never moved: at most the evicted count + tail rows move
+        assert sum(p != j for j, p in enumerate(a)) <= (80 - k) + tail
 
 
 @pytest.mark.parametrize("redundancy", ["none", "lightning"])
