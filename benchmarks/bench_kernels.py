@@ -207,6 +207,10 @@ def bench_pipeline(cfg, pool, b):
                                                   kept_arranged), it),
         rows_moved_share=(arranged != torch.arange(k, device=src.device)).float().mean().item(),
         total_ms=timed_ms(full, it),
+        # what --zipage-redundancy costs on top (issue 17: the default scoring's price)
+        **{f"score_tokens_{mode}_ms": timed_ms(lambda mode=mode: score_tokens(
+            ScoringParams(redundancy=mode), q, LayerKV(pool.k, pool.v), pool.sb, src, lens,
+            n_stored, first, scale), it) for mode in ("full", "lightning")},
     )
 
 
