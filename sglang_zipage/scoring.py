@@ -267,8 +267,9 @@ def select_and_compact(
     k: int,
 ) -> torch.Tensor:
     """score_tokens + select_topk + compact_kv. Returns keep [L, R, Hkv, k] int64: the
-    position that dst_slots[r, j] of each head now holds, in ``in_place_order`` (ascending
-    for the "recent" control, whose next selection reads recency from the order).
+    position that dst_slots[r, j] of each head now holds, in ``in_place_order``; ascending
+    where a later compaction reads meaning from positions: the "recent" control (recency)
+    and "lightning" redundancy (its blocks are runs of neighbouring positions).
 
     dst_slots: [R, k] int64 (see compact_kv); k <= min(src_lens). After the call,
     score_buffers (if given) hold g of the kept tokens at dst_slots; kv's recent layers
@@ -278,7 +279,7 @@ def select_and_compact(
         params, q_window, kv, score_buffers, src_slots, src_lens, n_stored, first, sm_scale
     )
     keep = select_topk(final, k)
-    if params.selection != "recent":
+    if params.selection != "recent" and params.redundancy != "lightning":
         keep = in_place_order(keep, min(params.window, k))
     kept_scores = torch.gather(g, -1, keep) if score_buffers is not None else None
     compact_kv(kv.keys, kv.values, score_buffers, src_slots, keep, dst_slots, kept_scores)

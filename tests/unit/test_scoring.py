@@ -192,6 +192,27 @@ def test_select_and_compact_moves_rows_and_stores_global_score():
                 assert torch.equal(x["sb"][l][dst[r], h], g[l, r, h, keep[l, r, h]])
 
 
+@pytest.mark.parametrize("redundancy,selection,ordered", [
+    ("none", "score", False), ("full", "score", False), ("lightning", "score", True),
+    ("none", "recent", True)])
+def test_compaction_keeps_position_order_only_where_positions_mean_something(
+        redundancy, selection, ordered):
+    """Lightning blocks neighbouring positions and the recent control ranks by position: a
+    later compaction of theirs reads meaning from the order, so theirs stays ascending."""
+    lens = [40, 36]
+    x = make_inputs(lens)
+    params = ScoringParams(window=2, decay=0.0, pooling=1, redundancy=redundancy,
+                           lightning_block=8, selection=selection)
+    final, _ = run(params, x)
+    keep = select_and_compact(params, x["q"], LayerKV(x["k"], x["v"]), None, x["src"], x["lens"],
+                              torch.zeros(2, dtype=torch.int64, device=DEV),
+                              torch.zeros(2, dtype=torch.bool, device=DEV), x["scale"],
+                              x["src"][:, :12].clone(), 12)
+    ascending = select_topk(final, 12)
+    assert torch.equal(keep, ascending if ordered else in_place_order(ascending, 2))
+    assert ordered or not torch.equal(keep, ascending)
+
+
 def _in_place_order_twin(row, tail):
     """The arrangement, one row in plain Python: the window stays last; kept positions
     below m = k - tail stay put; the others fill the evicted positions below m in order."""
