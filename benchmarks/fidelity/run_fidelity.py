@@ -82,7 +82,12 @@ VARIANTS = {
                 dict(decay=0.8, pooling=5, redundancy="none"), "score"),
     "+lightning": ("decay 0.8, pooling 5, lightning redundancy",
                    dict(decay=0.8, pooling=5, redundancy="lightning"), "score"),
+    # engine only: the pool is sized to every text at full length, so elastic mode never
+    # needs room and must equal full KV (the HF reference has no pool)
+    "elastic": ("--zipage-mode elastic at low load (engine defaults otherwise)",
+                dict(decay=0.8, pooling=5, redundancy="none", mode="elastic"), "score"),
 }
+ENGINE_ONLY = {"elastic"}
 SCORING = ["window", "+decay", "+redundancy", "+pooling"]
 CONTROLS = ["random", "recent"]
 PRESETS = {
@@ -170,6 +175,8 @@ def parse_args(argv=None):
     for v in args.engine_variants + args.hf_variants:
         if v not in VARIANTS:
             p.error(f"unknown variant {v!r}; known: {', '.join(VARIANTS)}")
+    if ENGINE_ONLY & set(args.hf_variants):
+        p.error(f"{sorted(ENGINE_ONLY)}: engine settings; drop them from --hf-variants")
     args.workdir = args.workdir or f"/tmp/fidelity-{args.preset}"
     args.out = args.out or os.path.join(args.workdir, "fidelity.json")
     args.raw_out = args.raw_out or os.path.splitext(args.out)[0] + "_raw.json"
@@ -328,13 +335,17 @@ def summarize(args, items, runs_by_impl: Dict[str, Dict[str, Dict]], free_items)
                 continue
             frac, variant = run["frac"], run["variant"]
             b = budget_tokens(frac, args.cont_len)
-            if impl == "engine":
+            if impl == "engine" and variant not in ENGINE_ONLY:
                 ev = Eviction(budget=b, buffer=args.buffer, window=args.window)
                 want = [compactions_before(i, ev) for i in range(args.cont_len)]
                 checks["engine_schedule_matches_formula"] &= all(
                     r["compactions_before"] == want for r in run["forced"].values())
             row = {"impl": impl, "budget_frac": frac, "budget_tokens": b, "variant": variant,
                    **metrics.compare(run["forced"], full[impl]["forced"], refs)}
+            if variant == "elastic":  # no compaction: compare every step with full KV
+                row["compactions"] = sum(r["compactions_before"][-1] for r in run["forced"].values())
+                row["vs_full_kv_every_step"] = metrics.full_kv_agreement(
+                    run["forced"], full[impl]["forced"])
             if impl == "engine" and run.get("free") and full["engine"].get("free"):
                 row.update(metrics.free_running(run["free"], full["engine"]["free"]))
                 raw["engine"][name + "/free"] = run["free"]
@@ -453,6 +464,11 @@ def print_table(summary: Dict) -> None:
         li = "n/a" if li is None else f"{li:.3f}"
         rep = r.get("repetition_rate")
         rep = "n/a" if rep is None else f"{rep:.3f}"
+        if r["nll_ratio"] is None:  # nothing compacted (elastic at low load)
+            every = r.get("vs_full_kv_every_step") or {}
+            log(f"{r['impl']:7s} {r['budget_frac']:6.3f}  {r['variant']:12s}  no compaction; "
+                f"every step vs full KV: {json.dumps(every)}")
+            continue
         log(f"{r['impl']:7s} {r['budget_frac']:6.3f}  {r['variant']:12s}  {r['nll_ratio']:.4f} {ci:22s} "
             f"{r['top1_agreement']:.4f}      {li:8s}  {rep}")
     for v in summary["engine_vs_hf"]:
