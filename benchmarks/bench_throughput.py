@@ -461,8 +461,11 @@ def merge(paths: List[str], out: str) -> Dict:
     """Combine result files (e.g. one per engine) load by load; later files win."""
     docs = [json.load(open(p)) for p in paths]
     res = {k: v for k, v in docs[0].items() if k not in ("loads", "engines")}
-    res.update(merged_from=[{"path": p, "command": d.get("command"), "commit": d.get("commit")}
-                            for p, d in zip(paths, docs)], engines={}, loads=[])
+    sources = []  # a merged file passes its own sources on, so provenance survives re-merging
+    for p, d in zip(paths, docs):
+        sources += d.get("merged_from") or [{"path": p, "command": d.get("command"),
+                                             "commit": d.get("commit")}]
+    res.update(merged_from=sources, engines={}, loads=[])
     for d in docs:
         res["engines"].update(d.get("engines", {}))
         for e in d.get("loads", []):
@@ -470,7 +473,9 @@ def merge(paths: List[str], out: str) -> Dict:
                              {k: e.get(k, d) for k, d in VARIANT_DEFAULTS.items()})
             for which in ("stock", "zipage"):
                 if which in e:
-                    tgt[which] = e[which]
+                    # each engine's numbers keep the command and commit that measured them
+                    tgt[which] = {"command": e.get("command", d.get("command")),
+                                  "commit": e.get("commit", d.get("commit")), **e[which]}
             finish_entry(tgt)
     write_json(res, out)
     return res
