@@ -11,7 +11,8 @@ permuted slots. Measures (CUDA events, warm-up first, median of N):
   batch{1,8,32}_compress_ms   scoring.select_and_compact, what the engine runs (default
                        params): score_tokens + select_topk + in_place_order + compact_kv;
                        each pipeline row also times compact_kv with ascending keep (every
-                       kept row moves) and with in_place_order's (only holes + window move)
+                       kept row moves) and with in_place_order's (only holes + window move),
+                       and global_scores (pooling + decay + protection) fused and in torch
   qwindow_write_us_per_step   36 index_puts of a [256, Hq, D] query into a
                        [rows, W, Hq, D] ring at [req_pool_idx, pos % W], per decode
                        step (CUDA-graph replay; eager, and an index_copy_ variant too)
@@ -39,14 +40,15 @@ import torch
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")  # before the first kernel launch
 
-from sglang_zipage.kernels import compact_kv_ref, select_topk, window_attention_scores_ref  # noqa: E402
+from sglang_zipage.kernels import (compact_kv_ref, global_scores_ref, select_topk,  # noqa: E402
+                                   window_attention_scores_ref)
 import triton  # noqa: E402
 
 from sglang_zipage.kernels import compaction as compaction_mod  # noqa: E402
 from sglang_zipage.kernels import scores as scores_mod  # noqa: E402
 from sglang_zipage.kernels.compaction import compact_kv  # noqa: E402
+from sglang_zipage.kernels.pool_decay_protect import global_scores  # noqa: E402
 from sglang_zipage.kernels.scores import window_attention_scores  # noqa: E402
-from sglang_zipage import scoring as scoring_mod  # noqa: E402
 from sglang_zipage.scoring import (LayerKV, ScoringParams, in_place_order,  # noqa: E402
                                    score_tokens, select_and_compact)
 
@@ -192,13 +194,17 @@ def bench_pipeline(cfg, pool, b):
     kept_arranged = torch.gather(g, -1, arranged)
     it = cfg["iters"]
     att = window_attention_scores(q, pool.k, src, lens, scale)
-    valid = scoring_mod.valid_positions(lens, src.shape[1])
+    stages = (att, pool.sb, src, lens, n_stored, first, params.pooling, params.decay,
+              params.sink, params.window)
     return dict(
         batch=b,
         window_scores_ms=timed_ms(lambda: window_attention_scores(q, pool.k, src, lens, scale), it),
-        pool_ms=timed_ms(lambda: scoring_mod.pool(att, valid, first, params.pooling), it),
-        decay_ms=timed_ms(lambda: scoring_mod.decay_global(att, pool.sb, src, lens, n_stored, params.decay), it),
-        protect_ms=timed_ms(lambda: scoring_mod.protect(att, lens, params.sink, params.window), it),
+        # pooling + decay + protection: the fused kernel, and its torch twin (the staged
+        # torch code the engine ran before it)
+        global_scores_ms=timed_ms(lambda: global_scores(*stages), it),
+        global_scores_torch_ms=timed_ms(lambda: global_scores_ref(*stages), it),
+        global_scores_bit_exact=all(torch.equal(x, y) for x, y in
+                                    zip(global_scores(*stages), global_scores_ref(*stages))),
         score_tokens_ms=timed_ms(scoring, it),
         select_topk_ms=timed_ms(lambda: select_topk(final, k), it),
         in_place_order_ms=timed_ms(lambda: in_place_order(keep, params.window), it),

@@ -4,6 +4,10 @@ Ops (each has a twin `<op>_ref` in `reference.py` with the same signature):
   window_attention_scores(q_window, k_buffers, src_slots, src_lens, sm_scale,
                           key_dtype=None, key_scales=None)
       -> [L, R, Hkv, S_max] float32 attention score of each compressible token.
+  global_scores(attention, score_buffers, src_slots, src_lens, n_stored, first, pooling,
+                decay, sink, window)
+      -> (final, g): pooling (first compaction), decay against the stored global
+      scores, protection of sink and window; both [L, R, Hkv, S_max] float32.
   compact_kv(k_buffers, v_buffers, score_buffers, src_slots, keep, dst_slots, kept_scores)
       -> None; moves each head's kept tokens into dst_slots, in place.
   select_topk(scores, k) -> [L, R, Hkv, k] int64 kept positions (torch only).

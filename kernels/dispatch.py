@@ -14,6 +14,8 @@ import torch
 from sglang_zipage.kernels import reference
 from sglang_zipage.kernels.reference import (
     compact_kv_ref,
+    global_scores_ref,
+    protect_ref,
     select_topk,
     window_attention_scores_ref,
 )
@@ -25,6 +27,9 @@ __all__ = [
     "backend_for",
     "compact_kv",
     "compact_kv_ref",
+    "global_scores",
+    "global_scores_ref",
+    "protect_ref",
     "select_topk",
     "window_attention_scores",
     "window_attention_scores_ref",
@@ -52,6 +57,18 @@ def window_attention_scores(q_window, k_buffers, src_slots, src_lens, sm_scale,
     return op(*args)
 
 
+def global_scores(attention, score_buffers, src_slots, src_lens, n_stored, first, pooling,
+                  decay, sink, window):
+    """See reference.global_scores_ref for the contract."""
+    args = (attention, score_buffers, src_slots, src_lens, n_stored, first, pooling, decay,
+            sink, window)
+    if backend_for(attention.device) == "ref":
+        return global_scores_ref(*args)
+    from sglang_zipage.kernels.pool_decay_protect import global_scores as op
+
+    return op(*args)
+
+
 def compact_kv(k_buffers, v_buffers, score_buffers, src_slots, keep, dst_slots, kept_scores):
     """See reference.compact_kv_ref for the contract."""
     if backend_for(keep.device) == "ref":
@@ -63,3 +80,4 @@ def compact_kv(k_buffers, v_buffers, score_buffers, src_slots, keep, dst_slots, 
 
 window_attention_scores.__doc__ = reference.window_attention_scores_ref.__doc__
 compact_kv.__doc__ = reference.compact_kv_ref.__doc__
+global_scores.__doc__ = reference.global_scores_ref.__doc__

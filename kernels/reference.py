@@ -17,7 +17,7 @@ Shared names:
 
 from __future__ import annotations
 
-from typing import Optional, Sequence
+from typing import Optional, Sequence, Tuple
 
 import torch
 
@@ -64,6 +64,72 @@ def window_attention_scores_ref(
         score = probs.amax(dim=3).mean(dim=2)  # [R, Hkv, S]
         out.append(score.masked_fill(~valid[:, None, :], 0.0))
     return torch.stack(out)
+
+
+def global_scores_ref(
+    attention: torch.Tensor,
+    score_buffers: Optional[Sequence[torch.Tensor]],
+    src_slots: torch.Tensor,
+    src_lens: torch.Tensor,
+    n_stored: torch.Tensor,
+    first: torch.Tensor,
+    pooling: int,
+    decay: float,
+    sink: int,
+    window: int,
+) -> Tuple[torch.Tensor, torch.Tensor]:
+    """Pooling, decay and protection of window scores: (final, g).
+
+    Args:
+        attention: [L, R, Hkv, S_max] float32 window scores (0 at padding).
+        score_buffers: L tensors [slots, Hkv] float32 of stored global scores, or None.
+        src_slots: [R, S_max] int64 slot ids in sequence order (padding past src_lens).
+        src_lens: [R] int32/int64, 1 <= src_lens[r] <= S_max.
+        n_stored: [R] int: positions < n_stored[r] have a valid stored score.
+        first: [R] bool: the request's first compaction (pooling applies only then).
+        pooling: odd max-pool kernel (1: none); decay: 0 ignores the stored scores.
+        sink, window: the first `sink` and last `window` valid positions are protected.
+
+    Returns:
+        g: where first[r], the max-pool (kernel `pooling`, stride 1) of the row over its
+            valid positions (0 at padding), else the row; then max(., decay * stored),
+            stored = score_buffers[l][src_slots[r, s], h] for s < min(n_stored[r],
+            src_lens[r]) and 0 beyond. The global score, stored back for kept tokens.
+        final: g with +inf at protected positions and -inf at padding (what top-k ranks).
+    """
+    valid = _valid(src_lens, attention.shape[-1])
+    a = attention
+    if pooling > 1:
+        mask = valid[None, :, None, :]
+        x = attention.masked_fill(~mask, float("-inf"))
+        pooled = torch.nn.functional.max_pool1d(x.reshape(-1, 1, x.shape[-1]), pooling, stride=1,
+                                                padding=pooling // 2)
+        pooled = pooled.view_as(x).masked_fill(~mask, 0.0)
+        a = torch.where(first[None, :, None, None], pooled, attention)
+    g = a
+    if score_buffers is not None and decay != 0:
+        stored = torch.stack([buf[src_slots] for buf in score_buffers])  # [L, R, S, Hkv]
+        stored = stored.permute(0, 1, 3, 2).float()
+        has = _valid(torch.minimum(n_stored, src_lens), src_slots.shape[1])[None, :, None, :]
+        stored = torch.where(has, stored, torch.zeros((), device=stored.device))
+        g = torch.maximum(a, decay * stored)
+    return protect_ref(g, src_lens, sink, window), g
+
+
+def protect_ref(final: torch.Tensor, src_lens: torch.Tensor, sink: int, window: int) -> torch.Tensor:
+    """[L, R, Hkv, S_max]: +inf for the first `sink` and last `window` valid positions of
+    each request, -inf for padding, `final` elsewhere."""
+    pos = torch.arange(final.shape[-1], device=final.device)[None, :]
+    lens = src_lens[:, None]
+    valid = pos < lens
+    kept = valid & ((pos < sink) | (pos >= lens - window))
+    final = final.masked_fill(kept[None, :, None, :], float("inf"))
+    return final.masked_fill(~valid[None, :, None, :], float("-inf"))
+
+
+def _valid(src_lens: torch.Tensor, s_max: int) -> torch.Tensor:
+    """[R, S_max] bool: s < src_lens[r]."""
+    return torch.arange(s_max, device=src_lens.device)[None, :] < src_lens[:, None]
 
 
 def dequantize_keys(keys: torch.Tensor, key_dtype: Optional[torch.dtype],

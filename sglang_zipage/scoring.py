@@ -21,6 +21,8 @@ Stages, exactly:
      With redundancy "none", final = g.
   5. protect    the first `sink` valid tokens and the last `window` valid tokens get
      +inf; padding gets -inf.
+Stages 2, 3 and 5 run as one kernel (kernels.global_scores), whose protected output is
+final when there is no redundancy term and no control selection.
 Then select_topk keeps the k best positions per (layer, request, KV head), and
 in_place_order arranges them so that compacting in place moves few rows (the recent
 window stays last, in order).
@@ -35,7 +37,8 @@ from typing import Optional, Sequence, Tuple
 import torch
 import torch.nn.functional as F
 
-from sglang_zipage.kernels import compact_kv, select_topk, window_attention_scores
+from sglang_zipage.kernels import (compact_kv, global_scores, protect_ref, select_topk,
+                                   window_attention_scores)
 from sglang_zipage.kernels.reference import dequantize_keys
 
 REDUNDANCY_MODES = ("none", "full", "lightning")
@@ -94,35 +97,6 @@ def valid_positions(src_lens: torch.Tensor, s_max: int) -> torch.Tensor:
     return pos[None, :] < src_lens[:, None]
 
 
-def pool(attention: torch.Tensor, valid: torch.Tensor, first: torch.Tensor, kernel: int) -> torch.Tensor:
-    """Stage 2: max-pool over valid positions of the requests with first[r]."""
-    if kernel == 1:
-        return attention
-    mask = valid[None, :, None, :]
-    x = attention.masked_fill(~mask, float("-inf"))
-    pooled = F.max_pool1d(x.reshape(-1, 1, x.shape[-1]), kernel, stride=1, padding=kernel // 2)
-    pooled = pooled.view_as(x).masked_fill(~mask, 0.0)
-    return torch.where(first[None, :, None, None], pooled, attention)
-
-
-def decay_global(
-    attention: torch.Tensor,
-    score_buffers: Optional[Sequence[torch.Tensor]],
-    src_slots: torch.Tensor,
-    src_lens: torch.Tensor,
-    n_stored: torch.Tensor,
-    decay: float,
-) -> torch.Tensor:
-    """Stage 3: g = max(a, decay * stored score), stored = 0 beyond n_stored[r]."""
-    if decay == 0 or score_buffers is None:
-        return attention
-    stored = torch.stack([buf[src_slots] for buf in score_buffers])  # [L, R, S, Hkv]
-    stored = stored.permute(0, 1, 3, 2).float()
-    has_stored = valid_positions(torch.minimum(n_stored, src_lens), src_slots.shape[1])[None, :, None, :]
-    stored = torch.where(has_stored, stored, torch.zeros((), device=stored.device))
-    return torch.maximum(attention, decay * stored)
-
-
 def mean_key_similarity(keys: torch.Tensor, valid: torch.Tensor, block: Optional[int]) -> torch.Tensor:
     """Mean cosine similarity of each valid key to the other valid keys.
 
@@ -158,16 +132,6 @@ def redundancy(
     return torch.stack(out)
 
 
-def protect(final: torch.Tensor, src_lens: torch.Tensor, sink: int, window: int) -> torch.Tensor:
-    """Stage 5: +inf for the first `sink` and last `window` valid tokens, -inf for padding."""
-    pos = torch.arange(final.shape[-1], device=final.device)[None, :]
-    lens = src_lens[:, None]
-    valid = pos < lens
-    kept = valid & ((pos < sink) | (pos >= lens - window))
-    final = final.masked_fill(kept[None, :, None, :], float("inf"))
-    return final.masked_fill(~valid[None, :, None, :], float("-inf"))
-
-
 def score_tokens(
     params: ScoringParams,
     q_window: torch.Tensor,
@@ -197,18 +161,20 @@ def score_tokens(
         select_topk ranks (+inf protected, -inf padding); global_score is g, to be
         stored for kept tokens.
     """
-    valid = valid_positions(src_lens, src_slots.shape[1])
     attention = window_attention_scores(q_window, kv.keys, src_slots, src_lens, sm_scale,
                                         kv.key_dtype, kv.key_scales)
-    attention = pool(attention, valid, first, params.pooling)
-    g = decay_global(attention, score_buffers, src_slots, src_lens, n_stored, params.decay)
+    # stages 2, 3 and 5 in one pass (the kernel's final is g, protected)
+    final, g = global_scores(attention, score_buffers, src_slots, src_lens, n_stored, first,
+                             params.pooling, params.decay, params.sink, params.window)
+    if params.redundancy == "none" and params.selection == "score":
+        return final, g
     final = g
     if params.redundancy != "none":
-        red = redundancy(kv, src_slots, valid, params)
+        red = redundancy(kv, src_slots, valid_positions(src_lens, src_slots.shape[1]), params)
         final = params.redundancy_lambda * g - (1 - params.redundancy_lambda) * red
     if params.selection != "score":
         final = control_scores(final, params.selection)
-    return protect(final, src_lens, params.sink, params.window), g
+    return protect_ref(final, src_lens, params.sink, params.window), g
 
 
 def control_scores(final: torch.Tensor, selection: str) -> torch.Tensor:
