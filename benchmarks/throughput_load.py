@@ -106,7 +106,8 @@ async def take_sample(engine, run: LoadRun, zipage: bool) -> Dict:
                                                  "compaction_batches", "running_compressed_requests",
                                                  "max_suffix_tokens", "window_slot_misses",
                                                  "async_compactions", "async_awaited",
-                                                 "async_fallbacks")}
+                                                 "async_fallbacks", "decode_tokens",
+                                                 "compressed_decode_tokens")}
     return s
 
 
@@ -249,6 +250,10 @@ def window_stats(samples: List[Dict], lo_s: float) -> Dict:
                    window_tokens_evicted=(zb["tokens_evicted"] or 0) - (za["tokens_evicted"] or 0),
                    mean_compressed_running_reqs=rnd(sum(s["zipage"].get("running_compressed_requests") or 0
                                                         for s in inside) / len(inside), 1))
+        d_dec = (zb.get("decode_tokens") or 0) - (za.get("decode_tokens") or 0)
+        d_comp = (zb.get("compressed_decode_tokens") or 0) - (za.get("compressed_decode_tokens") or 0)
+        # the share of the window's decoded tokens that came from compressed KV
+        out["compressed_token_share"] = round(d_comp / d_dec, 4) if d_dec else None
     return out
 
 

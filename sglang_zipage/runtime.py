@@ -53,7 +53,10 @@ class ZipageRuntime:
         self.stats = dict(compactions=0, compaction_batches=0, tokens_evicted=0,
                           pages_freed=0, compaction_ms=0.0, compaction_gpu_ms=0.0,
                           max_suffix_tokens=0, window_slot_misses=0, async_compactions=0,
-                          async_awaited=0, async_fallbacks=0, pressure_compactions=0)
+                          async_awaited=0, async_fallbacks=0, pressure_compactions=0,
+                          # one per request per decode step; of those, the steps of requests
+                          # compacted before the step was planned (tokens from compressed KV)
+                          decode_tokens=0, compressed_decode_tokens=0)
         self._timings = []  # (start, end) CUDA events of compactions not yet summed
         self.decisions = DecisionLog()  # identical on every tensor-parallel rank
         self.steps = 0  # decode steps planned
@@ -255,6 +258,8 @@ class ZipageRuntime:
                     items.append(item)
                     rows.append(i)
         self.compressed_running = compressed
+        self.stats["decode_tokens"] += len(batch.reqs)
+        self.stats["compressed_decode_tokens"] += compressed
         if self.metrics is not None:
             self.metrics.compressed_running.set(compressed)
         updates = [self._commit(batch, i, suffix) for i, suffix in commits]

@@ -38,6 +38,7 @@ def _params(tokens, budget=None):
 def test_alone_it_keeps_full_kv_and_the_tokens_of_no_compression(elastic_server):
     prompt = [list(range(500, 516))]
     outs = {}
+    before = elastic_server.zipage_state()
     for budget in (None, 0):  # the server's budget (64), then compression off for it
         elastic_server.idle_and_flushed()
         (out,) = elastic_server.generate_ids(prompt, [_params(ALONE_TOKENS, budget)])
@@ -45,7 +46,12 @@ def test_alone_it_keeps_full_kv_and_the_tokens_of_no_compression(elastic_server)
         assert out["meta_info"]["zipage_compactions"] == 0
         assert out["meta_info"]["zipage_kv_len"] >= 16 + ALONE_TOKENS - 1
     assert outs[None]["output_ids"] == outs[0]["output_ids"]
-    assert elastic_server.zipage_state()["compactions"] == 0
+    after = elastic_server.zipage_state()
+    assert after["compactions"] == 0
+    # every decoded token (the first comes from prefill) came from full KV
+    decoded = after["decode_tokens"] - before["decode_tokens"]
+    assert 2 * (ALONE_TOKENS - 1) <= decoded <= 2 * ALONE_TOKENS
+    assert after["compressed_decode_tokens"] == before["compressed_decode_tokens"]
 
 
 def test_under_pressure_it_compresses_instead_of_retracting(elastic_server):
@@ -61,5 +67,11 @@ def test_under_pressure_it_compresses_instead_of_retracting(elastic_server):
     after = elastic_server.zipage_state()
     pressure = after["pressure_compactions"] - before["pressure_compactions"]
     assert pressure == after["compactions"] - before["compactions"] > 0  # all on demand
+    # a share of the tokens came from compressed KV: not none (the crowd is 4x the pool),
+    # not all (every request starts with full KV)
+    decoded = after["decode_tokens"] - before["decode_tokens"]
+    compressed = after["compressed_decode_tokens"] - before["compressed_decode_tokens"]
+    assert CROWD * (CROWD_TOKENS - 1) <= decoded <= CROWD * CROWD_TOKENS
+    assert 0 < compressed < decoded
     assert "KV cache pool is full" not in elastic_server.log()
     assert_healthy(elastic_server)
