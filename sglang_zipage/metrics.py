@@ -20,6 +20,11 @@ class ZipageMetrics:
         self.pages_freed = Counter("zipage:pages_freed", "KV pages returned to SGLang's pool.")
         self.compaction_seconds = Counter(
             "zipage:compaction_seconds", "Host time launching scoring + compaction kernels.")
+        self.decode_tokens = Counter(
+            "zipage:decode_tokens", "Tokens decoded (one per running request per decode step).")
+        self.compressed_decode_tokens = Counter(
+            "zipage:compressed_decode_tokens",
+            "Of those, tokens decoded from compressed KV (requests compacted before the step).")
         self.compressed_running = Gauge(
             "zipage:num_running_compressed_reqs", "Running requests that went through a compaction.",
             multiprocess_mode="mostrecent")
@@ -28,3 +33,8 @@ class ZipageMetrics:
         self.compactions.inc(compactions)
         self.tokens_evicted.inc(evicted)
         self.pages_freed.inc(pages)
+
+    def on_step(self, decoded: int, compressed: int) -> None:
+        self.decode_tokens.inc(decoded)
+        self.compressed_decode_tokens.inc(compressed)
+        self.compressed_running.set(compressed)

@@ -261,7 +261,7 @@ class ZipageRuntime:
         self.stats["decode_tokens"] += len(batch.reqs)
         self.stats["compressed_decode_tokens"] += compressed
         if self.metrics is not None:
-            self.metrics.compressed_running.set(compressed)
+            self.metrics.on_step(len(batch.reqs), compressed)
         updates = [self._commit(batch, i, suffix) for i, suffix in commits]
         if shadows:
             self._plan_shadows(batch, shadows)

@@ -50,6 +50,9 @@ def test_metrics_and_decode_log_show_compression(zipage_server):
     assert values["zipage:compactions_total"] >= (120 - 80) // 16
     assert values["zipage:pages_freed_total"] >= 16
     assert "zipage:num_running_compressed_reqs" in values
+    # the share of output decoded from compressed KV (counted over the whole session)
+    assert values["zipage:decode_tokens_total"] >= 119
+    assert 0 < values["zipage:compressed_decode_tokens_total"] < values["zipage:decode_tokens_total"]
     assert "zipage compressed-req:" in zipage_server.log()
 
 
