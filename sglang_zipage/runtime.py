@@ -101,7 +101,9 @@ class ZipageRuntime:
             self.shadows = ShadowCompactions(n * cfg.kv_budget, self.device)
         if self.device.type == "cuda":
             self._warm_up()
-        if model_runner.server_args.enable_metrics:
+        # SGLang's rule for its own series: one scheduler per attention-TP group reports
+        # (tensor-parallel ranks take the same decisions; their counts would add up)
+        if model_runner.server_args.enable_metrics and model_runner.ps.attn_tp_rank == 0:
             from sglang_zipage.metrics import ZipageMetrics
 
             self.metrics = ZipageMetrics()

@@ -85,7 +85,8 @@ def test_data_parallel_replicas_compress_on_their_own(tmp_path):
 def test_tensor_parallel_ranks_take_the_same_compaction_decisions(tmp_path):
     model = tiny_model_dir()
     server = Server(["--model-path", model, "--load-format", "dummy", "--skip-tokenizer-init",
-                     "--tp-size", "2", "--max-total-tokens", POOL_TOKENS, *SMALL_BUDGET],
+                     "--tp-size", "2", "--max-total-tokens", POOL_TOKENS, "--enable-metrics",
+                     *SMALL_BUDGET],
                     tmp_path / "tp.log", env={**STRICT_MEM_ENV, **CPU_TP_ENV})
     try:
         (state,) = _states(server)
@@ -111,6 +112,9 @@ def test_tensor_parallel_ranks_take_the_same_compaction_decisions(tmp_path):
         assert len(ranks) == 2 and ranks[0]["decisions"] == state["compactions"] >= 6
         assert state["tp_ranks_agree"], ranks
         assert ranks[0] == ranks[1]
+        # Prometheus counts the replica's compactions once, not once per rank
+        metrics = requests.get(server.url + "/metrics", timeout=60).text
+        assert f"zipage:compactions_total {float(state['compactions'])}" in metrics
         assert_healthy(server)
     finally:
         assert server.stop() == []
