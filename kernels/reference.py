@@ -97,7 +97,7 @@ def global_scores_ref(
             src_lens[r]) and 0 beyond. The global score, stored back for kept tokens.
         final: g with +inf at protected positions and -inf at padding (what top-k ranks).
     """
-    valid = _valid(src_lens, attention.shape[-1])
+    valid = valid_positions(src_lens, attention.shape[-1])
     a = attention
     if pooling > 1:
         mask = valid[None, :, None, :]
@@ -110,7 +110,7 @@ def global_scores_ref(
     if score_buffers is not None and decay != 0:
         stored = torch.stack([buf[src_slots] for buf in score_buffers])  # [L, R, S, Hkv]
         stored = stored.permute(0, 1, 3, 2).float()
-        has = _valid(torch.minimum(n_stored, src_lens), src_slots.shape[1])[None, :, None, :]
+        has = valid_positions(torch.minimum(n_stored, src_lens), src_slots.shape[1])[None, :, None, :]
         stored = torch.where(has, stored, torch.zeros((), device=stored.device))
         g = torch.maximum(a, decay * stored)
     return protect_ref(g, src_lens, sink, window), g
@@ -121,13 +121,13 @@ def protect_ref(final: torch.Tensor, src_lens: torch.Tensor, sink: int, window: 
     each request, -inf for padding, `final` elsewhere."""
     pos = torch.arange(final.shape[-1], device=final.device)[None, :]
     lens = src_lens[:, None]
-    valid = pos < lens
+    valid = valid_positions(src_lens, final.shape[-1])
     kept = valid & ((pos < sink) | (pos >= lens - window))
     final = final.masked_fill(kept[None, :, None, :], float("inf"))
     return final.masked_fill(~valid[None, :, None, :], float("-inf"))
 
 
-def _valid(src_lens: torch.Tensor, s_max: int) -> torch.Tensor:
+def valid_positions(src_lens: torch.Tensor, s_max: int) -> torch.Tensor:
     """[R, S_max] bool: s < src_lens[r]."""
     return torch.arange(s_max, device=src_lens.device)[None, :] < src_lens[:, None]
 

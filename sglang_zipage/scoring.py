@@ -39,7 +39,7 @@ import torch.nn.functional as F
 
 from sglang_zipage.kernels import (compact_kv, global_scores, protect_ref, select_topk,
                                    window_attention_scores)
-from sglang_zipage.kernels.reference import dequantize_keys
+from sglang_zipage.kernels.reference import dequantize_keys, valid_positions
 
 REDUNDANCY_MODES = ("none", "full", "lightning")
 SELECTION_MODES = ("score", "random", "recent")
@@ -89,12 +89,6 @@ class LayerKV:
     key_scales: Optional[torch.Tensor] = None
     recent_keys: Sequence[torch.Tensor] = ()
     recent_values: Optional[Sequence[torch.Tensor]] = None
-
-
-def valid_positions(src_lens: torch.Tensor, s_max: int) -> torch.Tensor:
-    """[R, S_max] bool: s < src_lens[r]."""
-    pos = torch.arange(s_max, device=src_lens.device)
-    return pos[None, :] < src_lens[:, None]
 
 
 def mean_key_similarity(keys: torch.Tensor, valid: torch.Tensor, block: Optional[int]) -> torch.Tensor:
