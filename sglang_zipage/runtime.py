@@ -3,8 +3,8 @@
 The hooks (hooks.py) stay thin: each reads SGLang objects, calls one method here, and
 writes the result back. This module owns the per-process buffers (query window, global
 scores), the planner (at the limit in fixed mode, on demand in elastic mode), the queue of
-planned compactions, kernel launches and the counters reported in /server_info. The
-asynchronous lifecycle lives in shadows.py, the KV layouts in kv_layout.py.
+planned compactions and kernel launches. The asynchronous lifecycle lives in shadows.py,
+the KV layouts in kv_layout.py, what is counted (/server_info, Prometheus) in counters.py.
 It duck-types SGLang objects (ScheduleBatch, Req, ModelRunner) and never imports sglang.
 """
 
@@ -21,6 +21,7 @@ from sglang_zipage import kv_layout, request_budget
 from sglang_zipage.budget import Budget, ReqState, async_lag
 from sglang_zipage.compaction import CompactionItem, CompactionPlan, execute, plan_compaction
 from sglang_zipage.config import ZipageConfig
+from sglang_zipage.counters import Counters
 from sglang_zipage.decisions import DecisionLog
 from sglang_zipage.query_window import QueryWindow
 from sglang_zipage.scoring import ScoringParams
@@ -48,16 +49,8 @@ class ZipageRuntime:
         self.pending: List[CompactionPlan] = []
         self.shadows = ShadowCompactions(0, torch.device("cpu"))  # --zipage-async (attach)
         self._budgets = {}  # per-request kv_budget -> Budget
-        self.metrics = None  # ZipageMetrics with --enable-metrics
         self.compressed_running = 0
-        self.stats = dict(compactions=0, compaction_batches=0, tokens_evicted=0,
-                          pages_freed=0, compaction_ms=0.0, compaction_gpu_ms=0.0,
-                          max_suffix_tokens=0, window_slot_misses=0, async_compactions=0,
-                          async_awaited=0, async_fallbacks=0, pressure_compactions=0,
-                          # one per request per decode step; of those, the steps of requests
-                          # compacted before the step was planned (tokens from compressed KV)
-                          decode_tokens=0, compressed_decode_tokens=0)
-        self._timings = []  # (start, end) CUDA events of compactions not yet summed
+        self.stats = Counters()  # /server_info and, with --enable-metrics, Prometheus
         self.decisions = DecisionLog()  # identical on every tensor-parallel rank
         self.steps = 0  # decode steps planned
 
@@ -104,9 +97,7 @@ class ZipageRuntime:
         # SGLang's rule for its own series: one scheduler per attention-TP group reports
         # (tensor-parallel ranks take the same decisions; their counts would add up)
         if model_runner.server_args.enable_metrics and model_runner.ps.attn_tp_rank == 0:
-            from sglang_zipage.metrics import ZipageMetrics
-
-            self.metrics = ZipageMetrics()
+            self.stats.export_metrics()
         logger.info("zipage: %s layout %s; budget %d + buffer %d tokens, window %d, %d window "
                     "slots, page %d; query window + scores use %.1f MiB", self.layout.name,
                     self.layout.describe(), cfg.kv_budget, cfg.buffer, cfg.window, slots, page,
@@ -235,8 +226,7 @@ class ZipageRuntime:
             compressed += st.compactions > 0
             suffix = req.kv_committed_len - st.c0
             st.max_suffix = max(st.max_suffix, suffix)
-            if suffix > self.stats["max_suffix_tokens"]:
-                self.stats["max_suffix_tokens"] = suffix
+            self.stats.suffix(suffix)
             if st.shadow is not None:  # in flight: commit at the limit. Never earlier on a
                 # GPU-timing probe: tensor-parallel ranks must take the same step everywhere.
                 if suffix >= budget.limit:
@@ -246,7 +236,7 @@ class ZipageRuntime:
                 if self.window.assign(req.req_pool_idx):
                     st.window_since = req.decode_batch_idx
                 else:
-                    self.stats["window_slot_misses"] += 1
+                    self.stats.add("window_slot_misses")
             if budget.needs_compaction(st, suffix, req.decode_batch_idx):
                 item = CompactionItem(req.req_pool_idx, st.c0, suffix, st.n_stored,
                                       st.n_stored == 0,  # first since (re)prefill
@@ -256,14 +246,11 @@ class ZipageRuntime:
                         shadows.append((req, item))
                         room -= item.kv_budget
                 else:
-                    self.stats["async_fallbacks"] += budget.lag > 0
+                    self.stats.add("async_fallbacks", budget.lag > 0)
                     items.append(item)
                     rows.append(i)
         self.compressed_running = compressed
-        self.stats["decode_tokens"] += len(batch.reqs)
-        self.stats["compressed_decode_tokens"] += compressed
-        if self.metrics is not None:
-            self.metrics.on_step(len(batch.reqs), compressed)
+        self.stats.step(len(batch.reqs), compressed)
         updates = [self._commit(batch, i, suffix) for i, suffix in commits]
         if shadows:
             self._plan_shadows(batch, shadows)
@@ -306,9 +293,7 @@ class ZipageRuntime:
             rows.append(i)
             batch.reqs[i].zipage.pressure_compactions += 1
         if items:
-            self.stats["pressure_compactions"] += len(items)
-            if self.metrics is not None:
-                self.metrics.pressure_compactions.inc(len(items))
+            self.stats.pressure(len(items))
             self._set_lengths(batch, self._plan(batch, items, rows))
         return freed
 
@@ -342,8 +327,8 @@ class ZipageRuntime:
             for req, it in group:
                 self.decisions.record(self.steps, req.rid, it.c0, it.suffix, k, free)
                 req.skip_radix_cache_insert = True  # I4 from now on
-            self.stats["async_compactions"] += len(group)
-            self.stats["compaction_batches"] += 1
+            self.stats.add("async_compactions", len(group))
+            self.stats.add("compaction_batches")
 
     def alloc(self, batch, n: int):
         """n slots from the pool, evicting unused radix-tree pages first as SGLang does."""
@@ -356,7 +341,7 @@ class ZipageRuntime:
         req = batch.reqs[i]
         k, evicted, awaited = self.shadows.commit(req, batch.req_to_token_pool.req_to_token,
                                                   suffix, self.allocator)
-        self.stats["async_awaited"] += awaited
+        self.stats.add("async_awaited", awaited)
         return self._compacted(req, i, k, evicted)
 
     def _plan(self, batch, items, rows):
@@ -370,7 +355,7 @@ class ZipageRuntime:
                                          [req_of[it.req_pool_idx] for it in chunk])
                 allocator.free(surplus)
                 self.pending.append(plan)
-                self.stats["compaction_batches"] += 1
+                self.stats.add("compaction_batches")
         return [self._compacted(batch.reqs[i], i, it.kv_budget, it.suffix - it.kv_budget)
                 for it, i in zip(items, rows)]
 
@@ -397,11 +382,7 @@ class ZipageRuntime:
         req.kv_committed_len -= evicted
         req.kv.kv_allocated_len -= evicted
         req.skip_radix_cache_insert = True  # I4
-        self.stats["compactions"] += 1
-        self.stats["tokens_evicted"] += evicted
-        self.stats["pages_freed"] += evicted // self.page_size
-        if self.metrics is not None:
-            self.metrics.on_plan(1, evicted, evicted // self.page_size)
+        self.stats.compacted(evicted, self.page_size)
         return i, req.kv_committed_len
 
     @staticmethod
@@ -426,18 +407,15 @@ class ZipageRuntime:
         stream = torch.cuda.current_stream() if self.device.type == "cuda" else None
         sbufs = list(self.score_buffer) if self.score_buffer is not None else None
         if self.pending:
-            span = self._gpu_span_start(stream)
+            span = self.stats.span_start(stream)
             for plan in self.pending:
                 self._execute(plan, self.window.gather(plan.window_slots), sbufs, stream)
             self.pending.clear()
-            self._gpu_span_end(span, stream, t0)
+            self.stats.span_end(span, stream, t0)
         for launch in self.shadows.take_launches():
             self._launch(launch, sbufs, stream)
         self.shadows.wait_committed(stream)
-        elapsed = time.perf_counter() - t0
-        self.stats["compaction_ms"] += elapsed * 1e3
-        if self.metrics is not None:
-            self.metrics.compaction_seconds.inc(elapsed)
+        self.stats.launch_time(time.perf_counter() - t0)
 
     def _execute(self, plan, q_window, sbufs, stream) -> None:
         if stream is not None:
@@ -454,41 +432,18 @@ class ZipageRuntime:
         if forward_stream is None:  # CPU: runs now, in order
             t0 = time.perf_counter()
             self._execute(plan, q_window, sbufs, None)
-            self._gpu_span_end(None, None, t0)
+            self.stats.span_end(None, None, t0)
             launch.launched = True
             return
         side = self.shadows.side_stream
         side.wait_stream(forward_stream)
         with torch.cuda.stream(side):
-            span = self._gpu_span_start(side)
+            span = self.stats.span_start(side)
             self._execute(plan, q_window, sbufs, side)
-            self._gpu_span_end(span, side, 0.0)
+            self.stats.span_end(span, side, 0.0)
             launch.done = torch.cuda.Event()
             launch.done.record(side)
         launch.launched = True
-
-    def _gpu_span_start(self, stream):
-        if stream is None:
-            return None
-        start = torch.cuda.Event(enable_timing=True)
-        start.record(stream)
-        return start
-
-    def _gpu_span_end(self, start, stream, t0) -> None:
-        """Device time of the compaction kernels (summed once the events completed; on
-        CPU the kernels ran synchronously, so wall time is device time)."""
-        if start is None:
-            self.stats["compaction_gpu_ms"] += (time.perf_counter() - t0) * 1e3
-            return
-        end = torch.cuda.Event(enable_timing=True)
-        end.record(stream)
-        self._timings.append((start, end))
-        self._sum_timings()
-
-    def _sum_timings(self) -> None:
-        while self._timings and self._timings[0][1].query():
-            start, end = self._timings.pop(0)
-            self.stats["compaction_gpu_ms"] += start.elapsed_time(end)
 
     # ----------------------------------------------------------- forward
     def position_offsets(self, batch) -> Optional[torch.Tensor]:
@@ -517,7 +472,6 @@ class ZipageRuntime:
 
     # ------------------------------------------------------------ report
     def report(self, running_reqs=()) -> dict:
-        self._sum_timings()
         compressed = sum(1 for r in running_reqs
                          if getattr(r, "zipage", None) is not None and r.zipage.compactions)
         return {"config": dataclasses.asdict(self.config), "active": self.ready,
@@ -527,5 +481,5 @@ class ZipageRuntime:
                 "running_compressed_requests": compressed,
                 "free_window_slots": self.window.free_slots if self.window else None,
                 "window_slots": self.window.num_slots if self.window else None,
-                "shadow_tokens_held": self.shadows.held, **self.stats,
+                "shadow_tokens_held": self.shadows.held, **self.stats.snapshot(),
                 **self.decisions.summary()}

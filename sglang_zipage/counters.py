@@ -1,0 +1,99 @@
+"""What a scheduler process counts: /server_info's counters and, with SGLang's
+``--enable-metrics``, the same events as Prometheus series (metrics.py).
+
+The runtime reports an event once (``step``, ``compacted``, ``pressure``, ...) and this
+module keeps both views in step. Compaction device time is measured with CUDA events
+around the kernels on their stream and summed once the events completed (``span_start`` /
+``span_end``); on the CPU the kernels run synchronously, so wall time is device time.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Optional
+
+import torch
+
+
+class Counters:
+    def __init__(self):
+        self.values = dict(compactions=0, compaction_batches=0, tokens_evicted=0,
+                           pages_freed=0, compaction_ms=0.0, compaction_gpu_ms=0.0,
+                           max_suffix_tokens=0, window_slot_misses=0, async_compactions=0,
+                           async_awaited=0, async_fallbacks=0, pressure_compactions=0,
+                           # one per request per decode step; of those, the steps of requests
+                           # compacted before the step was planned (tokens from compressed KV)
+                           decode_tokens=0, compressed_decode_tokens=0)
+        self.metrics = None  # ZipageMetrics, once export_metrics() was called
+        self._spans = []  # (start, end) CUDA events of compactions not yet summed
+
+    def export_metrics(self) -> None:
+        """Also count into Prometheus series (one scheduler per attention-TP group)."""
+        from sglang_zipage.metrics import ZipageMetrics
+
+        self.metrics = ZipageMetrics()
+
+    def __getitem__(self, name: str):
+        return self.values[name]
+
+    def add(self, name: str, n=1) -> None:
+        """A counter only /server_info shows."""
+        self.values[name] += n
+
+    def suffix(self, tokens: int) -> None:
+        if tokens > self.values["max_suffix_tokens"]:
+            self.values["max_suffix_tokens"] = tokens
+
+    def step(self, decoded: int, compressed: int) -> None:
+        """One decode step of ``decoded`` requests, ``compressed`` of them compacted before."""
+        self.values["decode_tokens"] += decoded
+        self.values["compressed_decode_tokens"] += compressed
+        if self.metrics is not None:
+            self.metrics.on_step(decoded, compressed)
+
+    def compacted(self, evicted: int, page_size: int) -> None:
+        """One request compressed, ``evicted`` of its suffix tokens dropped."""
+        self.values["compactions"] += 1
+        self.values["tokens_evicted"] += evicted
+        self.values["pages_freed"] += evicted // page_size
+        if self.metrics is not None:
+            self.metrics.on_plan(1, evicted, evicted // page_size)
+
+    def pressure(self, n: int) -> None:
+        """Elastic mode: n compactions because the pool needed the room."""
+        self.values["pressure_compactions"] += n
+        if self.metrics is not None:
+            self.metrics.pressure_compactions.inc(n)
+
+    def launch_time(self, seconds: float) -> None:
+        """Host time spent launching compactions."""
+        self.values["compaction_ms"] += seconds * 1e3
+        if self.metrics is not None:
+            self.metrics.compaction_seconds.inc(seconds)
+
+    # ------------------------------------------------------- device time
+    def span_start(self, stream) -> Optional[torch.cuda.Event]:
+        if stream is None:
+            return None
+        start = torch.cuda.Event(enable_timing=True)
+        start.record(stream)
+        return start
+
+    def span_end(self, start, stream, t0: float) -> None:
+        if start is None:
+            self.values["compaction_gpu_ms"] += (time.perf_counter() - t0) * 1e3
+            return
+        end = torch.cuda.Event(enable_timing=True)
+        end.record(stream)
+        self._spans.append((start, end))
+        self.collect()
+
+    def collect(self) -> None:
+        """Add the device time of the spans that completed (never waits)."""
+        while self._spans and self._spans[0][1].query():
+            start, end = self._spans.pop(0)
+            self.values["compaction_gpu_ms"] += start.elapsed_time(end)
+
+    def snapshot(self) -> dict:
+        self.collect()
+        return dict(self.values)
