@@ -13,11 +13,11 @@ permuted slots. Measures (CUDA events, warm-up first, median of N):
                        each pipeline row also times compact_kv with ascending keep (every
                        kept row moves) and with in_place_order's (only holes + window move),
                        and global_scores (pooling + decay + protection) fused and in torch
-  qwindow_write_us_per_step   36 index_puts of a [256, Hq, D] query into a
-                       [rows, W, Hq, D] ring at [req_pool_idx, pos % W], per decode
-                       step (CUDA-graph replay; eager, and an index_copy_ variant too)
+  qwindow_write_us_per_step   the engine's QueryWindow.write for 36 layers of a batch
+                       of 256 (the queries a strided view of a fused qkv output), per
+                       decode step (CUDA-graph replay; eager too)
   bf16_checks          Triton vs torch twin on the GPU in bf16
-Imports torch, triton and sglang_zipage.{kernels,scoring} only.
+Imports torch, triton and sglang_zipage.{kernels,scoring,query_window} only.
 
 Run:  PYTHONPATH=$PWD python3 benchmarks/bench_kernels.py --out results/kernels-h200.json
 CPU:  PYTHONPATH=$PWD python3 benchmarks/bench_kernels.py --tiny --out /tmp/k.json
@@ -49,6 +49,7 @@ from sglang_zipage.kernels import scores as scores_mod  # noqa: E402
 from sglang_zipage.kernels.compaction import compact_kv  # noqa: E402
 from sglang_zipage.kernels.pool_decay_protect import global_scores  # noqa: E402
 from sglang_zipage.kernels.scores import window_attention_scores  # noqa: E402
+from sglang_zipage.query_window import QueryWindow  # noqa: E402
 from sglang_zipage.scoring import (LayerKV, ScoringParams, in_place_order,  # noqa: E402
                                    score_tokens, select_and_compact)
 
@@ -221,42 +222,43 @@ def bench_pipeline(cfg, pool, b):
 
 
 def bench_qwindow(cfg, dev):
-    """Per decode step, all layers: write [bs, Hq, D] queries into the ring at (rpi, pos % W)."""
-    bs, rows, w, layers = cfg["q_bs"], cfg["q_bs"] + 1, cfg["w"], cfg["layers"]
-    ring = torch.zeros((layers, rows, w, cfg["hq"], cfg["d"]), dtype=cfg["dtype"], device=dev)
-    flat = ring.view(layers, rows * w, cfg["hq"] * cfg["d"])
-    q = torch.randn((bs, cfg["hq"], cfg["d"]), device=dev).to(cfg["dtype"])
-    rpi = torch.randperm(rows - 1, device=dev)[:bs] + 1
+    """Per decode step, all layers: what the engine's RadixAttention hook does,
+    QueryWindow.write of every layer's [bs, Hq, D] queries (a strided view of a fused qkv
+    output, as the model passes them) into the ring at (slot of req_pool_idx, pos % W)."""
+    bs, layers, hq, d = cfg["q_bs"], cfg["layers"], cfg["hq"], cfg["d"]
+    window = QueryWindow(layers, bs // 4, bs + 1, cfg["w"], hq, d, cfg["dtype"], dev)
+    for rpi in range(1, bs // 4 + 1):  # a quarter of the batch holds a slot, the rest write row 0
+        window.assign(rpi)
+    window.flush()
+    qkv = torch.randn((bs, (hq + 2 * cfg["hkv"]) * d), device=dev).to(cfg["dtype"])
+    q = qkv[:, : hq * d].view(bs, hq, d)
+    rpi = torch.arange(1, bs + 1, device=dev)
     pos = torch.randint(0, 4096, (bs,), device=dev)
 
-    def index_put():  # ring[l][rpi, pos % W] = q, as a per-layer hook would do it
+    def step():
         for layer in range(layers):
-            ring[layer][rpi, pos % w] = q
+            window.write(layer, q, rpi, pos)
 
-    def index_copy():  # same effect: one row copy of Hq * D elements per request
-        for layer in range(layers):
-            flat[layer].index_copy_(0, rpi * w + pos % w, q.view(bs, -1))
-
-    res = {}
-    for name, step in (("index_put", index_put), ("index_copy", index_copy)):
-        res[f"{name}_eager_us"] = timed_ms(step, 20 if torch.cuda.is_available() else 1) * 1e3
-        if torch.cuda.is_available():
-            stream = torch.cuda.Stream()
-            stream.wait_stream(torch.cuda.current_stream())
-            with torch.cuda.stream(stream):
-                for _ in range(3):
-                    step()
-            torch.cuda.current_stream().wait_stream(stream)
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph):
+    res = {"q_contiguous": q.is_contiguous(), "slots_held": bs // 4}
+    res["eager_us"] = timed_ms(step, 20 if torch.cuda.is_available() else 1) * 1e3
+    if torch.cuda.is_available():
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):
+            for _ in range(3):
                 step()
-            res[f"{name}_graph_us"] = timed_ms(graph.replay, 50) * 1e3
-    ring.zero_()
-    index_put()
-    check = ring.clone()
-    ring.zero_()
-    index_copy()
-    res["variants_agree"] = bool(torch.equal(check, ring))
+        torch.cuda.current_stream().wait_stream(stream)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            step()
+        res["graph_us"] = timed_ms(graph.replay, 50) * 1e3
+    window.ring.zero_()
+    step()
+    slot = window.slot_of_rpi[rpi]
+    expect = torch.zeros_like(window.ring)
+    held = slot > 0
+    expect[:, slot[held], pos[held] % cfg["w"]] = q[held]
+    res["writes_correct"] = bool(torch.equal(window.ring[:, 1:], expect[:, 1:]))
     return res
 
 
@@ -329,7 +331,7 @@ def main():
     log("checks", res["bf16_checks"])
     pool = Pool(cfg, dev)
     res["qwindow"] = section("qwindow", lambda: bench_qwindow(cfg, dev)) or {}
-    res["qwindow_write_us_per_step"] = res["qwindow"].get("index_put_graph_us", res["qwindow"].get("index_put_eager_us"))
+    res["qwindow_write_us_per_step"] = res["qwindow"].get("graph_us", res["qwindow"].get("eager_us"))
     log("query window write", res["qwindow"])
     res["window_scores"] = section("window_scores", lambda: bench_scores_sweep(cfg, pool))
     if res["window_scores"]:
