@@ -15,6 +15,12 @@ Invariants (checked where they are established; tests call the checkers):
   I5  logical position = physical length + pos_offset
   I6  suffix length <= kv_budget + buffer at every decode step (fixed mode; in elastic mode
       a suffix grows past it while the pool has room, and is compacted on demand)
+
+Elastic mode has two states (``Pressure``): *room*, where requests keep their full KV, and
+*pressure*, entered when the pool ran short, where every request compresses at its limit as in
+fixed mode. It leaves pressure only once nothing waits and the free pool could take what every
+running request may still write: the hysteresis that keeps a busy pool from thrashing between
+growing and compacting (growing past the limits would fill it and read more KV every step).
 """
 
 from __future__ import annotations
@@ -84,9 +90,12 @@ class Budget:
     def window_ready(self, state: ReqState, decode_idx: int) -> bool:
         return state.window_since >= 0 and decode_idx - state.window_since >= self.window
 
-    def needs_compaction(self, state: ReqState, suffix: int, decode_idx: int) -> bool:
-        """Fixed mode: at the trigger. Elastic mode: never on its own (see can_yield)."""
-        return not self.elastic and suffix >= self.trigger and self.window_ready(state, decode_idx)
+    def needs_compaction(self, state: ReqState, suffix: int, decode_idx: int,
+                         pressed: bool = False) -> bool:
+        """At the trigger: in fixed mode, and in elastic mode while the pool is under
+        pressure (else never on its own: see can_yield)."""
+        return ((not self.elastic or pressed) and suffix >= self.trigger
+                and self.window_ready(state, decode_idx))
 
     def can_yield(self, state: ReqState, suffix: int, decode_idx: int) -> int:
         """Elastic mode: tokens a compaction down to kv_budget would free now, or 0. Only a
@@ -103,6 +112,27 @@ class Budget:
     def admission_reserve(self) -> int:
         """Per-request decode reservation for a new request (plus its last prompt page)."""
         return self.limit + self.page_size
+
+
+@dataclass
+class Pressure:
+    """Elastic mode's state: under pressure or not, and how often it was entered."""
+
+    on: bool = False
+    episodes: int = 0
+
+    def ran_short(self) -> None:
+        """The pool could not give a decode step its pages, or the first waiting request."""
+        if not self.on:
+            self.on = True
+            self.episodes += 1
+
+    def settle(self, room: int, demand: int, waiting: int) -> bool:
+        """Leave pressure once nothing waits and ``room`` (free + evictable slots) covers
+        ``demand`` (what the running requests may still write). Returns the state."""
+        if self.on and waiting == 0 and room >= demand:
+            self.on = False
+        return self.on
 
 
 def async_lag(page_size: int) -> int:

@@ -47,8 +47,10 @@ class ZipageConfig:
     mode: str = field(default="fixed", metadata=_flag(
         "fixed: a request compresses whenever its decode KV reaches kv_budget + buffer. "
         "elastic: the budget is a floor; requests keep their full KV while the pool has room, "
-        "and over-budget requests are compacted down to their budget, largest first, only when "
-        "a decode step or a waiting request needs the room (instead of retracting or queueing).",
+        "and over-budget requests are compacted down to their budget, largest first, when a "
+        "decode step or a waiting request needs the room (instead of retracting or queueing); "
+        "from then on requests compress as in fixed mode until nothing waits and the free pool "
+        "could hold what the running requests may still write.",
         choices=MODES))
     window: int = field(default=16, metadata=_flag(
         "Query window W: the last W decode queries score the cached tokens; "

@@ -18,7 +18,7 @@ from typing import List, Optional
 import torch
 
 from sglang_zipage import kv_layout, request_budget
-from sglang_zipage.budget import Budget, ReqState, async_lag
+from sglang_zipage.budget import Budget, Pressure, ReqState, async_lag
 from sglang_zipage.compaction import CompactionItem, CompactionPlan, execute, plan_compaction
 from sglang_zipage.config import ZipageConfig
 from sglang_zipage.counters import Counters
@@ -50,6 +50,8 @@ class ZipageRuntime:
         self.shadows = ShadowCompactions(0, torch.device("cpu"))  # --zipage-async (attach)
         self._budgets = {}  # per-request kv_budget -> Budget
         self.compressed_running = 0
+        self.pressure = Pressure()  # elastic mode: room or pressure (budget.py)
+        self.waiting = 0  # requests the pool, not the running cap, keeps waiting (elastic)
         self.stats = Counters()  # /server_info and, with --enable-metrics, Prometheus
         self.decisions = DecisionLog()  # identical on every tensor-parallel rank
         self.steps = 0  # decode steps planned
@@ -218,6 +220,8 @@ class ZipageRuntime:
         self.steps += 1
         items, rows, compressed, commits, shadows = [], [], 0, [], []
         room = self.shadows.reserve()
+        pressed = self.budget.elastic and self.pressure.on and self.pressure.settle(
+            self._room(batch), self._demand(batch), self.waiting)
         for i, req in enumerate(batch.reqs):
             budget = self.budget_of(req) if not req.finished() else None
             if budget is None or req.req_pool_idx is None:
@@ -237,7 +241,7 @@ class ZipageRuntime:
                     st.window_since = req.decode_batch_idx
                 else:
                     self.stats.add("window_slot_misses")
-            if budget.needs_compaction(st, suffix, req.decode_batch_idx):
+            if budget.needs_compaction(st, suffix, req.decode_batch_idx, pressed):
                 item = CompactionItem(req.req_pool_idx, st.c0, suffix, st.n_stored,
                                       st.n_stored == 0,  # first since (re)prefill
                                       self.window.slot_of(req.req_pool_idx), budget.kv_budget)
@@ -256,16 +260,27 @@ class ZipageRuntime:
             self._plan_shadows(batch, shadows)
         if items:
             updates += self._plan(batch, items, rows)
+            if pressed:  # compressing at the limit is what pressure means in elastic mode
+                for i in rows:
+                    batch.reqs[i].zipage.pressure_compactions += 1
+                self.stats.pressure(len(items))
         if updates:
             self._set_lengths(batch, updates)
         if self.budget.elastic:  # this step writes up to one page per request
             short = len(batch.reqs) * self.page_size - self._room(batch)
             if short > 0:
+                self.pressure.ran_short()
                 self.make_room(batch, short + self.headroom)
 
     # ------------------------------------------------- elastic: room on demand
     def _room(self, batch) -> int:
         return self.allocator.available_size() + batch.tree_cache.evictable_size()
+
+    @staticmethod
+    def _demand(batch) -> int:
+        """Tokens the running requests may still write at full KV."""
+        return sum(max(0, r.sampling_params.max_new_tokens - len(r.output_ids))
+                   for r in batch.reqs if not r.finished())
 
     def make_room(self, batch, tokens: int) -> int:
         """Elastic mode: compact over-budget requests of ``batch`` down to their budgets,
@@ -301,7 +316,9 @@ class ZipageRuntime:
         """Elastic mode, before admission: if the first waiting request does not fit
         beside what running requests reserve, running requests yield the difference (not
         when the running-request cap, not memory, is what keeps it waiting)."""
-        if not waiting or running is None or not running.reqs or len(running.reqs) >= max_running:
+        capped = running is not None and len(running.reqs) >= max_running
+        self.waiting = 0 if capped else len(waiting)
+        if not waiting or running is None or not running.reqs or capped:
             return
         head = waiting[0]
         budget = self.budget_of(head)
@@ -310,6 +327,7 @@ class ZipageRuntime:
         reserved = sum(self.admission_view(r) for r in running.reqs if not r.finished())
         short = need + reserved - self._room(running)
         if short > 0:
+            self.pressure.ran_short()
             self.make_room(running, short + self.headroom)
 
     def _plan_shadows(self, batch, shadows) -> None:
@@ -482,4 +500,5 @@ class ZipageRuntime:
                 "free_window_slots": self.window.free_slots if self.window else None,
                 "window_slots": self.window.num_slots if self.window else None,
                 "shadow_tokens_held": self.shadows.held, **self.stats.snapshot(),
+                "elastic_pressure": self.pressure.on, "pressure_episodes": self.pressure.episodes,
                 **self.decisions.summary()}

@@ -73,5 +73,12 @@ def test_under_pressure_it_compresses_instead_of_retracting(elastic_server):
     compressed = after["compressed_decode_tokens"] - before["compressed_decode_tokens"]
     assert CROWD * (CROWD_TOKENS - 1) <= decoded <= CROWD * CROWD_TOKENS
     assert 0 < compressed < decoded
+    assert after["pressure_episodes"] > before["pressure_episodes"]
+    # Pressure ends once nothing waits and the pool holds what runs: alone again, a request
+    # keeps its full KV (it would compress at its limit, as in fixed mode, if it did not).
+    (out,) = elastic_server.generate_ids([list(range(700, 716))], [_params(ALONE_TOKENS)])
+    assert out["meta_info"]["zipage_compactions"] == 0
+    assert out["meta_info"]["zipage_kv_len"] >= 16 + ALONE_TOKENS - 1
+    assert elastic_server.zipage_state()["elastic_pressure"] is False
     assert "KV cache pool is full" not in elastic_server.log()
     assert_healthy(elastic_server)

@@ -1,7 +1,7 @@
 """Budget policy over plain ints (when a request compresses, fixed and elastic) and the
 scratch bound of a compaction launch."""
 
-from sglang_zipage.budget import Budget, ReqState
+from sglang_zipage.budget import Budget, Pressure, ReqState
 
 
 def _ready(window=16):
@@ -50,3 +50,27 @@ def test_long_suffixes_compact_in_launches_of_bounded_scratch():
         assert len(g) <= MAX_REQS_PER_LAUNCH
         assert len(g) == 1 or len(g) * max(it.suffix for it in g) <= SCRATCH_LIMITS * 80
     assert [it.suffix for it in groups[0]] == [12000]  # alone: more than the cap by itself
+
+
+def test_elastic_compresses_at_the_limit_only_under_pressure():
+    b = Budget(64, 16, 16, elastic=True)
+    st, idx = _ready()
+    assert not b.needs_compaction(st, 80, idx, pressed=False)
+    assert b.needs_compaction(st, 80, idx, pressed=True)
+    assert b.needs_compaction(st, 5000, idx, pressed=True)  # grown past it before: down now
+    assert not b.needs_compaction(st, 79, idx, pressed=True)
+    assert not b.needs_compaction(st, 80, idx - 1, pressed=True)  # window not yet filled
+
+
+def test_pressure_holds_until_nothing_waits_and_the_pool_covers_what_runs():
+    p = Pressure()
+    assert not p.settle(room=0, demand=10**6, waiting=5)  # never entered: stays in room
+    p.ran_short()
+    p.ran_short()  # one episode, however many shortfalls it holds
+    assert p.on and p.episodes == 1
+    assert p.settle(room=1000, demand=999, waiting=1)  # a request still waits
+    assert p.settle(room=1000, demand=1001, waiting=0)  # the running ones could run short
+    assert not p.settle(room=1000, demand=1000, waiting=0)
+    assert not p.on
+    p.ran_short()
+    assert p.on and p.episodes == 2
