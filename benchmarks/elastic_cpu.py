@@ -12,7 +12,8 @@ memory checker): zipage ``--zipage-mode elastic`` with budget 64 + buffer 16, an
   crowd  the same request plus --neighbours requests of --neighbour-tokens tokens, one
          /generate call (admitted together) on the elastic server, more than the pool holds
          at full length: every request completes, nobody is retracted, every compaction is
-         an on-demand (pressure) one, and the long request is among those compressed
+         made under pressure, the long request is among those compressed, and once the
+         neighbours finished it holds more than its budget again (the pool left pressure)
 The JSON holds the facts, the command and the commit. Timing is reported, never asserted.
 """
 
@@ -88,7 +89,11 @@ def run(args) -> dict:
                                              for c in crowd),
             "server_compactions": state["compactions"],
             "server_pressure_compactions": state["pressure_compactions"],
-            "max_suffix_tokens": state["max_suffix_tokens"]}
+            "max_suffix_tokens": state["max_suffix_tokens"],
+            "pressure_episodes": state["pressure_episodes"],
+            "pressure_at_the_end": state["elastic_pressure"],
+            # once the neighbours finished the pool left pressure: full KV again
+            "long_request_grew_back": crowd[0]["zipage_kv_len"] > args.prompt_tokens + 64 + 16}
         res["healthy"] = "Traceback" not in elastic.log()
     finally:
         elastic.stop()
@@ -96,7 +101,8 @@ def run(args) -> dict:
     ok = (res["elastic_alone"]["zipage_compactions"] == 0 and res["elastic_alone"]["tokens_equal_stock"]
           and res["elastic_crowd"]["all_complete"] and res["elastic_crowd"]["retractions"] == 0
           and res["elastic_crowd"]["all_compactions_on_demand"]
-          and res["elastic_crowd"]["requests"][0]["zipage_compactions"] > 0 and res["healthy"])
+          and res["elastic_crowd"]["requests"][0]["zipage_compactions"] > 0
+          and res["elastic_crowd"]["long_request_grew_back"] and res["healthy"])
     res["verdict"] = "pass" if ok else "fail"
     return res
 
