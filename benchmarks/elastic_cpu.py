@@ -34,6 +34,7 @@ from zipage_server import STRICT_MEM_ENV, Server  # noqa: E402
 
 from bench_throughput import git_commit  # noqa: E402
 
+BUDGET, BUFFER = 64, 16  # the elastic server's --zipage-kv-budget / --zipage-buffer
 META = ("prompt_tokens", "completion_tokens", "num_retractions", "zipage_compactions",
         "zipage_pressure_compactions", "zipage_kv_len")
 
@@ -63,8 +64,8 @@ def run(args) -> dict:
         res["stock_alone"] = facts(out)
     finally:
         stock.stop()
-    elastic = Server([*common, "--zipage-mode", "elastic", "--zipage-kv-budget", "64",
-                      "--zipage-buffer", "16"], logs / "elastic.log", env=STRICT_MEM_ENV)
+    elastic = Server([*common, "--zipage-mode", "elastic", "--zipage-kv-budget", str(BUDGET),
+                      "--zipage-buffer", str(BUFFER)], logs / "elastic.log", env=STRICT_MEM_ENV)
     try:
         (out,) = elastic.generate_ids([prompt], [params(args.tokens)])
         alone = facts(out)
@@ -93,7 +94,7 @@ def run(args) -> dict:
             "pressure_episodes": state["pressure_episodes"],
             "pressure_at_the_end": state["elastic_pressure"],
             # once the neighbours finished the pool left pressure: full KV again
-            "long_request_grew_back": crowd[0]["zipage_kv_len"] > args.prompt_tokens + 64 + 16}
+            "long_request_grew_back": crowd[0]["zipage_kv_len"] > args.prompt_tokens + BUDGET + BUFFER}
         res["healthy"] = "Traceback" not in elastic.log()
     finally:
         elastic.stop()

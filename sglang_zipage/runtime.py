@@ -242,9 +242,7 @@ class ZipageRuntime:
                 else:
                     self.stats.add("window_slot_misses")
             if budget.needs_compaction(st, suffix, req.decode_batch_idx, pressed):
-                item = CompactionItem(req.req_pool_idx, st.c0, suffix, st.n_stored,
-                                      st.n_stored == 0,  # first since (re)prefill
-                                      self.window.slot_of(req.req_pool_idx), budget.kv_budget)
+                item = self._item(req, st, suffix, budget)
                 if budget.lag and suffix < budget.limit:
                     if room >= item.kv_budget:  # else it retries at its next step
                         shadows.append((req, item))
@@ -261,9 +259,7 @@ class ZipageRuntime:
         if items:
             updates += self._plan(batch, items, rows)
             if pressed:  # compressing at the limit is what pressure means in elastic mode
-                for i in rows:
-                    batch.reqs[i].zipage.pressure_compactions += 1
-                self.stats.pressure(len(items))
+                self._count_pressure(batch, rows)
         if updates:
             self._set_lengths(batch, updates)
         if self.budget.elastic:  # this step writes up to one page per request
@@ -271,6 +267,12 @@ class ZipageRuntime:
             if short > 0:
                 self.pressure.ran_short()
                 self.make_room(batch, short + self.headroom)
+
+    def _item(self, req, st, suffix: int, budget: Budget) -> CompactionItem:
+        """A compaction of the request's suffix down to its budget."""
+        return CompactionItem(req.req_pool_idx, st.c0, suffix, st.n_stored,
+                              st.n_stored == 0,  # first since (re)prefill
+                              self.window.slot_of(req.req_pool_idx), budget.kv_budget)
 
     # ------------------------------------------------- elastic: room on demand
     def _room(self, batch) -> int:
@@ -295,9 +297,7 @@ class ZipageRuntime:
             suffix = req.kv_committed_len - st.c0
             gain = budget.can_yield(st, suffix, req.decode_batch_idx)
             if gain > 0:
-                offers.append((gain, i, CompactionItem(
-                    req.req_pool_idx, st.c0, suffix, st.n_stored, st.n_stored == 0,
-                    self.window.slot_of(req.req_pool_idx), budget.kv_budget)))
+                offers.append((gain, i, self._item(req, st, suffix, budget)))
         offers.sort(key=lambda o: -o[0])
         freed, items, rows = 0, [], []
         for gain, i, item in offers:
@@ -306,11 +306,16 @@ class ZipageRuntime:
             freed += gain
             items.append(item)
             rows.append(i)
-            batch.reqs[i].zipage.pressure_compactions += 1
         if items:
-            self.stats.pressure(len(items))
+            self._count_pressure(batch, rows)
             self._set_lengths(batch, self._plan(batch, items, rows))
         return freed
+
+    def _count_pressure(self, batch, rows) -> None:
+        """Elastic mode: these compactions were the pool's pressure (meta_info, counters)."""
+        for i in rows:
+            batch.reqs[i].zipage.pressure_compactions += 1
+        self.stats.pressure(len(rows))
 
     def admit_pressure(self, waiting, running, max_running: int) -> None:
         """Elastic mode, before admission: if the first waiting request does not fit
