@@ -7,6 +7,9 @@ Both engines are ``sglang_zipage.Engine``: "stock" passes ``zipage_enabled=False
 installs no hook at all (only, on a machine without a GPU, the CPU import fix that stock
 SGLang 0.5.17 needs to start there), so it runs SGLang's own code paths.
 
+zipage runs the engine's default mode, elastic; the fixed-mode rows of the results files ran
+before elastic became the default (issue 17): --zipage-option mode=fixed reproduces them.
+
 Loads (dummy weights, random prompt ids, greedy, ignore_eos, all requests submitted at t=0):
   steady  512 x 512 -> 16384: saturated queue; output tok/s over the window
           [--window-start-s, --window-end-s] after submission, then everything is aborted
@@ -394,14 +397,17 @@ def run_one_load(engine, which: str, label: str, spec: LoadSpec, args, vocab: in
     return res
 
 
+# Entries written before a key was recorded ran these (fixed was the mode's default until
+# issue 17 made it elastic).
 VARIANT_DEFAULTS = {"kv_cache_dtype": "auto", "zipage_mode": "fixed"}
 
 
 def variant(args) -> Dict:
-    """What besides the load's sizes tells two entries apart (entries written before a key was
-    recorded ran its default)."""
+    """What besides the load's sizes tells two entries apart."""
+    from sglang_zipage.config import ZipageConfig
+
     return {"kv_cache_dtype": args.kv_cache_dtype,
-            "zipage_mode": zipage_options(args).get("mode", "fixed")}
+            "zipage_mode": zipage_options(args).get("mode", ZipageConfig.mode)}
 
 
 def load_entry(results: Dict, label: str, spec: LoadSpec, var: Dict) -> Dict:

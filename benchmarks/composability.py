@@ -38,7 +38,7 @@ CONFIGS = {
 
 def flags(name: str):
     c = CONFIGS[name]
-    out = ["--engines", "zipage"]
+    out = ["--engines", "zipage", "--zipage-option", "mode=fixed"]  # compress at the limit
     if c["async_"]:
         out += ["--zipage-option", "async_compaction=true"]
     if not c["overlap"]:

@@ -92,7 +92,7 @@ def engine_kwargs(row, stock):
     kw["max_total_tokens"] = need + 4096
     if stock:
         return dict(zipage_enabled=False, **kw)
-    return dict(zipage_kv_budget=budget, zipage_buffer=buffer, **kw)
+    return dict(zipage_mode="fixed", zipage_kv_budget=budget, zipage_buffer=buffer, **kw)
 
 
 def prompts(row, n, seed):

@@ -42,7 +42,7 @@ def engine(kind, backend, page, model, budget, buffer, extra):
         kw["cuda_graph_max_bs_decode"] = 64
     if kind == "stock":
         return Engine(zipage_enabled=False, **kw)
-    return Engine(zipage_kv_budget=budget, zipage_buffer=buffer,
+    return Engine(zipage_mode="fixed", zipage_kv_budget=budget, zipage_buffer=buffer,
                   zipage_async_compaction=kind == "async", **kw)
 
 

@@ -9,7 +9,7 @@
 # in the scheduler on a leak or a broken page invariant, which /health then reports too).
 # The H200 run behind benchmarks/results/soak-h200.json:
 #   bash benchmarks/soak_server.sh $OUT/soak-h200.json "--attention-backend triton \
-#     --page-size 16 --zipage-async --zipage-kv-budget 256 --zipage-buffer 64 \
+#     --page-size 16 --zipage-mode fixed --zipage-async --zipage-kv-budget 256 --zipage-buffer 64 \
 #     --max-total-tokens 32768 --disable-prefill-cuda-graph" \
 #     --input-ids --num-requests 10000 --concurrency 256 --seed 0
 set -u

@@ -5,7 +5,8 @@ For each engine in --engines: start it (bench_throughput.py's engine and flags; 
 this file does not know goes to bench_throughput's parser, e.g. --attention-backend,
 --zipage-kv-budget, --disable-prefill-cuda-graph), warm it up, then hold --running requests
 in decode at the same KV per request for both engines:
-  zipage  prompts of --input-len ids; once every request has generated budget + 2 buffers
+  zipage  fixed mode (unless --zipage-option mode=... says otherwise), prompts of
+          --input-len ids; once every request has generated budget + 2 buffers
           tokens, each suffix cycles between budget and budget + buffer (compacted every
           buffer steps), so a request holds input + budget + buffer / 2 KV tokens on average;
   stock   prompts of that many ids less 128, measured from its 8th output token on: over the
@@ -85,6 +86,8 @@ def parse_args(argv=None) -> Tuple[argparse.Namespace, argparse.Namespace]:
     # bench_throughput's parser takes the engine flags; its own --out/--engines are unused here
     bta = bt.parse_args(rest + ["--max-running-requests", str(own.running)]
                         if "--max-running-requests" not in rest else rest)
+    if not any(o.startswith("mode=") for o in bta.zipage_option):
+        bta.zipage_option.append("mode=fixed")  # compress at the limit, whatever the pool
     if "stock" in own.engines and kv_per_request(own, bta) - 128 < 32:
         p.error("stock's prompts are --input-len + budget + buffer / 2 - 128 ids: raise "
                 "--input-len so that they are at least 32")

@@ -44,13 +44,14 @@ class ZipageConfig:
         "Decode tokens written between two compactions (paper: the working block b). "
         "In fixed mode a request's decode KV never exceeds kv_budget + buffer. Multiple of "
         "--page-size."))
-    mode: str = field(default="fixed", metadata=_flag(
-        "fixed: a request compresses whenever its decode KV reaches kv_budget + buffer. "
-        "elastic: the budget is a floor; requests keep their full KV while the pool has room, "
+    mode: str = field(default="elastic", metadata=_flag(
+        "elastic (default): the budget is a floor; requests keep their full KV while the pool has room, "
         "and over-budget requests are compacted down to their budget, largest first, when a "
         "decode step or a waiting request needs the room (instead of retracting or queueing); "
         "from then on requests compress as in fixed mode until nothing waits and the free pool "
-        "could hold what the running requests may still write.",
+        "could hold what the running requests may still write. "
+        "fixed: a request compresses whenever its decode KV reaches kv_budget + buffer, "
+        "however much room the pool has.",
         choices=MODES))
     window: int = field(default=16, metadata=_flag(
         "Query window W: the last W decode queries score the cached tokens; "
@@ -58,7 +59,7 @@ class ZipageConfig:
     async_compaction: bool = field(default=False, metadata=_flag(
         "Run scoring and compaction on a side CUDA stream, overlapped with decode: a request "
         "starts compacting a few tokens before its limit into spare pages and keeps decoding "
-        "meanwhile (the pool sets aside room for a few budgets for this).",
+        "meanwhile (the pool sets aside room for a few budgets for this). Needs --zipage-mode fixed.",
         flag="--zipage-async"))
     decay: float = field(default=0.8, metadata=_flag(
         "Global-score decay: score = max(current, decay * stored). 0 disables the global score."))
@@ -100,7 +101,8 @@ class ZipageConfig:
         if self.mode not in MODES:
             bad("mode", f"must be one of {', '.join(MODES)}, got {self.mode!r}")
         if self.mode == "elastic" and self.async_compaction:
-            bad("mode", "elastic compacts on demand, synchronously: drop --zipage-async")
+            bad("mode", "elastic (the default) compacts on demand, synchronously: add "
+                "--zipage-mode fixed to overlap compactions with decode (--zipage-async)")
         if self.redundancy not in REDUNDANCY_MODES:
             bad("redundancy", f"must be one of {', '.join(REDUNDANCY_MODES)}, got {self.redundancy!r}")
         if not 0.0 <= self.redundancy_lambda <= 1.0:

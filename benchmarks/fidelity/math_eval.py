@@ -197,7 +197,8 @@ def main(argv=None):
     base.update(parse_engine_args(args.engine_arg))
     configs = [] if args.no_full else [("full", {**base, "zipage_enabled": False})]
     for b in [int(x) for x in args.budgets.split(",") if x.strip()]:
-        configs.append((f"budget{b}", {**base, "zipage_kv_budget": b, "zipage_buffer": args.buffer,
+        configs.append((f"budget{b}", {**base, "zipage_mode": "fixed",  # compress at the limit
+                                       "zipage_kv_budget": b, "zipage_buffer": args.buffer,
                                        "zipage_window": args.window, "zipage_decay": args.decay,
                                        "zipage_pooling": args.pooling,
                                        "zipage_redundancy": args.redundancy}))

@@ -213,7 +213,9 @@ def engine_kwargs(args, frac, variant, items, free_prompts) -> Dict:
         kw["zipage_enabled"] = False
     else:
         _, params, policy = VARIANTS[variant]
-        kw.update({f"zipage_{k}": v for k, v in params.items()})
+        # fixed mode (compress at budget + buffer) unless the variant says otherwise: the pool
+        # holds every text at full length, so elastic mode (the default) would never compress
+        kw.update({f"zipage_{k}": v for k, v in {"mode": "fixed", **params}.items()})
         kw.update(zipage_kv_budget=budget_tokens(frac, args.cont_len), zipage_buffer=args.buffer,
                   zipage_window=args.window)
         if policy != "score":

@@ -28,7 +28,8 @@ PROMPTS = [*REFERENCE_PROMPTS, "Give advice to a student starting university."]
 def async_server(tmp_path_factory):
     log = tmp_path_factory.mktemp("servers") / "async.log"
     srv = Server(["--max-total-tokens", POOL_TOKENS, "--chunked-prefill-size", CHUNK_TOKENS,
-                  "--enable-custom-logit-processor", "--page-size", str(PAGE), "--zipage-async", "--zipage-kv-budget", str(BUDGET),
+                  "--enable-custom-logit-processor", "--page-size", str(PAGE), "--zipage-mode", "fixed",
+                  "--zipage-async", "--zipage-kv-budget", str(BUDGET),
                   "--zipage-buffer", str(BUFFER)], log, env=STRICT_MEM_ENV)
     yield srv
     alive = srv.stop()

@@ -10,7 +10,7 @@ import shutil
 import time
 from concurrent.futures import ThreadPoolExecutor
 
-from zipage_server import (CHUNK_TOKENS, POOL_TOKENS, REFERENCE_PROMPTS, SMALL_BUDGET,
+from zipage_server import (CHUNK_TOKENS, FIXED_MODE, POOL_TOKENS, REFERENCE_PROMPTS, SMALL_BUDGET,
                            STRICT_MEM_ENV, Server, assert_healthy, chat_prompt, force,
                            nll_ratio, tiny_model_dir, top1_agreement)
 
@@ -133,7 +133,7 @@ def test_compressed_requests_survive_retraction_and_sigterm_stops_cleanly(tmp_pa
     env = {**STRICT_MEM_ENV, "SGLANG_TEST_RETRACT": "1", "SGLANG_TEST_RETRACT_INTERVAL": "40"}
     server = Server(["--model-path", model, "--load-format", "dummy", "--skip-tokenizer-init",
                      "--max-total-tokens", POOL_TOKENS, "--chunked-prefill-size", CHUNK_TOKENS,
-                     *SMALL_BUDGET], tmp_path / "r.log", env=env)
+                     *SMALL_BUDGET, *FIXED_MODE], tmp_path / "r.log", env=env)
     try:
         limit = server.zipage_state()["budget_limit_tokens"]
         prompts = [list(range(300 + 20 * i, 317 + 20 * i)) for i in range(3)]

@@ -84,8 +84,8 @@ def test_unsupported_feature_is_refused_with_a_way_out(clean_env, flag):
 
 
 def test_async_needs_a_buffer_longer_than_its_head_start(clean_env):
-    msg = _refusal("--zipage-async", "--page-size", "16", "--zipage-kv-budget", "64",
-                   "--zipage-buffer", "16")
+    msg = _refusal("--zipage-mode", "fixed", "--zipage-async", "--page-size", "16",
+                   "--zipage-kv-budget", "64", "--zipage-buffer", "16")
     assert "--zipage-buffer" in msg and "--zipage-async" in msg
 
 

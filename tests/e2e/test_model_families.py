@@ -42,7 +42,7 @@ def family(request, tmp_path_factory):
     logs = tmp_path_factory.mktemp(f"family-{request.param}")
     with ThreadPoolExecutor(2) as ex:  # both start at once
         zipage = ex.submit(Server, [*args, "--zipage-kv-budget", str(BUDGET), "--zipage-buffer",
-                                    str(BUFFER)], logs / "zipage.log", env=STRICT_MEM_ENV)
+                                    str(BUFFER), "--zipage-mode", "fixed"], logs / "zipage.log", env=STRICT_MEM_ENV)
         stock = ex.submit(Server, [*args, "--zipage-disable"], logs / "stock.log", env=STRICT_MEM_ENV)
         zipage, stock = zipage.result(), stock.result()
     yield request.param, zipage, stock

@@ -27,7 +27,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import requests
 
-from zipage_server import (COMMON_ARGS, POOL_TOKENS, SMALL_BUDGET, STRICT_MEM_ENV, ZIPAGE_ARGS,
+from zipage_server import (COMMON_ARGS, FIXED_MODE, POOL_TOKENS, SMALL_BUDGET, STRICT_MEM_ENV, ZIPAGE_ARGS,
                            Server, assert_healthy, free_port, load_example, tiny_model_dir)
 
 TOKENS = 160  # twice past budget + buffer (80)
@@ -48,7 +48,8 @@ def _states(server):
 def test_data_parallel_replicas_compress_on_their_own(tmp_path):
     model = tiny_model_dir()
     server = Server(["--model-path", model, "--load-format", "dummy", "--skip-tokenizer-init",
-                     "--dp-size", "2", "--max-total-tokens", POOL_TOKENS, *SMALL_BUDGET],
+                     "--dp-size", "2", "--max-total-tokens", POOL_TOKENS, *SMALL_BUDGET,
+                     *FIXED_MODE],
                     tmp_path / "dp.log", env=STRICT_MEM_ENV)
     try:
         limit = _states(server)[0]["budget_limit_tokens"]
@@ -86,7 +87,7 @@ def test_tensor_parallel_ranks_take_the_same_compaction_decisions(tmp_path):
     model = tiny_model_dir()
     server = Server(["--model-path", model, "--load-format", "dummy", "--skip-tokenizer-init",
                      "--tp-size", "2", "--max-total-tokens", POOL_TOKENS, "--enable-metrics",
-                     *SMALL_BUDGET],
+                     *SMALL_BUDGET, *FIXED_MODE],
                     tmp_path / "tp.log", env={**STRICT_MEM_ENV, **CPU_TP_ENV})
     try:
         (state,) = _states(server)

@@ -33,7 +33,8 @@ def soak_server(tmp_path_factory):
     log = tmp_path_factory.mktemp("servers") / "soak.log"
     srv = Server(["--model-path", model, "--load-format", "dummy", "--skip-tokenizer-init",
                   "--max-total-tokens", POOL_TOKENS, "--chunked-prefill-size", CHUNK_TOKENS,
-                  "--page-size", str(PAGE), "--zipage-async", "--zipage-kv-budget", str(BUDGET),
+                  "--page-size", str(PAGE), "--zipage-mode", "fixed", "--zipage-async",
+                  "--zipage-kv-budget", str(BUDGET),
                   "--zipage-buffer", str(BUFFER)], log, env=STRICT_MEM_ENV)
     yield srv
     srv.stop()  # no-op when the SIGTERM test stopped it

@@ -29,6 +29,9 @@ import requests
 REPO = Path(__file__).resolve().parents[2]
 POOL_TOKENS = "640"  # too small for 4 x 300-token outputs, large enough for 4 budgets
 SMALL_BUDGET = ["--zipage-kv-budget", "64", "--zipage-buffer", "16"]
+# Compress at budget + buffer however much room the pool has (the default, elastic, keeps full
+# KV while there is room): what the tests of compaction itself need.
+FIXED_MODE = ["--zipage-mode", "fixed"]
 CHUNK_TOKENS = "64"  # long prompts are prefilled in chunks, as on a busy GPU server
 # The conftest fixture `references` holds the model's greedy full-KV continuations of these.
 REFERENCE_PROMPTS = ["Explain how rainbows form.", "Describe how a bicycle works."]
@@ -36,7 +39,7 @@ REFERENCE_TOKENS = 200
 # The session servers (conftest): the bundled model, a small pool, chunked prefill.
 COMMON_ARGS = ["--max-total-tokens", POOL_TOKENS, "--chunked-prefill-size", CHUNK_TOKENS,
                "--enable-custom-logit-processor", "--enable-tokenizer-batch-encode"]
-ZIPAGE_ARGS = [*SMALL_BUDGET, "--enable-metrics", "--enable-cache-report"]
+ZIPAGE_ARGS = [*SMALL_BUDGET, *FIXED_MODE, "--enable-metrics", "--enable-cache-report"]
 STRICT_MEM_ENV = {
     "SGLANG_ENABLE_STRICT_MEM_CHECK_DURING_BUSY": "1",
     "SGLANG_CHECK_KV_PAGE_INVARIANTS": "1",

@@ -10,6 +10,7 @@ def test_defaults_match_the_zipage_reference():
     assert (c.kv_budget, c.buffer, c.window) == (2048, 256, 16)
     assert (c.decay, c.redundancy_lambda, c.redundancy_tau, c.pooling) == (0.8, 0.2, 0.4, 5)
     assert c.enabled and not c.async_compaction
+    assert c.mode == "elastic"  # issue 17: within 3% of fixed mode on the H200 loads
     c.validate(page_size=16)
 
 
@@ -45,6 +46,7 @@ def test_unknown_key_in_env_is_refused():
     (dict(selection="best"), "--zipage-selection"),
     (dict(mode="lazy"), "--zipage-mode"),
     (dict(mode="elastic", async_compaction=True), "--zipage-mode"),
+    (dict(async_compaction=True), "--zipage-mode fixed"),  # the default mode says what to add
 ])
 def test_invalid_values_name_their_flag(kw, flag):
     with pytest.raises(ZipageConfigError, match=flag):
