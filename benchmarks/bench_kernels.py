@@ -17,6 +17,11 @@ permuted slots. Measures (CUDA events, warm-up first, median of N):
                        of 256 (the queries a strided view of a fused qkv output), per
                        decode step (CUDA-graph replay; eager too)
   bf16_checks          Triton vs torch twin on the GPU in bf16
+  jit_variants         compiled Triton variants of the four kernels before and after the
+                       engine's select_and_compact ran batches of other shapes (request
+                       count, S_max padded as the planner pads it, lengths, k): 0 new ones
+                       means no compile stall mid-serving; each shape's first and second
+                       call times
 Imports torch, triton and sglang_zipage.{kernels,scoring,query_window} only.
 
 Run:  PYTHONPATH=$PWD python3 benchmarks/bench_kernels.py --out results/kernels-h200.json
@@ -44,7 +49,9 @@ from sglang_zipage.kernels import (compact_kv_ref, global_scores_ref, select_top
                                    window_attention_scores_ref)
 import triton  # noqa: E402
 
+from sglang_zipage.compaction import S_MAX_ALIGN  # noqa: E402
 from sglang_zipage.kernels import compaction as compaction_mod  # noqa: E402
+from sglang_zipage.kernels import pool_decay_protect as pool_mod  # noqa: E402
 from sglang_zipage.kernels import scores as scores_mod  # noqa: E402
 from sglang_zipage.kernels.compaction import compact_kv  # noqa: E402
 from sglang_zipage.kernels.pool_decay_protect import global_scores  # noqa: E402
@@ -290,6 +297,39 @@ def bf16_checks(cfg, dev):
     return out
 
 
+KERNELS = (scores_mod._window_lse_kernel, scores_mod._window_probs_kernel,
+           pool_mod._global_scores_kernel, compaction_mod._compact_kv_kernel)
+
+
+def jit_variants(cfg, pool):
+    """Batches of shapes the engine meets (elastic: any suffix length) after the ones timed
+    above; the planner pads S_max to S_MAX_ALIGN."""
+    params, scale, gen = ScoringParams(), cfg["d"] ** -0.5, torch.Generator().manual_seed(3)
+    s_full, k_full, n = cfg["s"], cfg["k"], pool.n_req
+    shapes = [(n, s_full, k_full), (1, s_full, k_full), (3, s_full // 2, k_full // 4),
+              (n // 2 or 1, s_full - 2 * S_MAX_ALIGN, k_full - 8), (7 % n or 1, s_full, k_full // 2 + 3)]
+    count = lambda: [kern.compiled_variants() for kern in KERNELS]  # noqa: E731
+    res = {"before": count(), "shapes": []}
+    for b, s_max, k in shapes:
+        s_max = min(-(-s_max // S_MAX_ALIGN) * S_MAX_ALIGN, s_full)
+        k, b = min(k, s_max - 8), min(b, n)
+        lens = torch.randint(k + 1, s_max + 1, (b,), generator=gen).to(pool.src.device)
+        src = pool.src[:b, :s_max].contiguous()
+        n_stored = torch.full((b,), min(k, int(lens.min())), dtype=torch.int64, device=src.device)
+        first = torch.zeros(b, dtype=torch.bool, device=src.device)
+
+        def run():
+            select_and_compact(params, pool.q[:, :b], LayerKV(pool.k, pool.v), pool.sb, src, lens,
+                               n_stored, first, scale, src[:, :k].contiguous(), k)
+        first_ms = timed_ms(run, 1, warmup=0)
+        res["shapes"].append(dict(requests=b, s_max=s_max, k=k, first_call_ms=first_ms,
+                                  second_call_ms=timed_ms(run, 1, warmup=0), variants=count()))
+    res["after"] = count()
+    if None not in res["before"] + res["after"]:
+        res["new_variants"] = sum(res["after"]) - sum(res["before"])
+    return res
+
+
 def git_commit():
     try:
         return subprocess.check_output(["git", "rev-parse", "HEAD"], stderr=subprocess.DEVNULL, text=True).strip()
@@ -348,6 +388,8 @@ def main():
             res["pipeline"].append(row)
             res[f"batch{b}_compress_ms"] = row["total_ms"]
         log("pipeline", row)
+    res["jit_variants"] = section("jit_variants", lambda: jit_variants(cfg, pool))
+    log("jit variants", res["jit_variants"])
     os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
     with open(args.out, "w") as f:
         json.dump(res, f, indent=2)

@@ -39,7 +39,8 @@ from sglang_zipage.kernels.utils import (
 TUNING = dict(block_j=128, num_warps=4)
 
 
-@lazy_jit
+@lazy_jit(batch_args=("R", "K", "stride_dst_r", "stride_keep_l", "stride_keep_r", "stride_keep_h",
+                     "stride_kept_l", "stride_kept_r", "stride_kept_h"))
 def _compact_kv_kernel(
     k_table, v_table, s_table, src_slots_ptr, keep_ptr, dst_slots_ptr, kept_ptr,
     R, K,

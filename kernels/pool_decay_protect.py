@@ -29,7 +29,7 @@ from sglang_zipage.kernels.utils import check_layer_buffers, check_tensor, layer
 BLOCK_S = 256
 
 
-@lazy_jit
+@lazy_jit(batch_args=("R",))
 def _global_scores_kernel(
     a_ptr, s_table, src_slots_ptr, src_lens_ptr, n_stored_ptr, first_ptr, g_ptr, final_ptr,
     R, S_max, stride_src_r, stride_ss, decay, sink, window,

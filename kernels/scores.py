@@ -43,18 +43,19 @@ from sglang_zipage.kernels.utils import (
 _LOG2E = 1.4426950408889634
 FP8_CODES = {torch.float8_e4m3fn: 1, torch.float8_e5m2: 2}
 MAX_BLOCK_D = 128  # head-dim chunk: larger rows (MLA 576) are walked in chunks
+MAX_SPLITS = 16  # pass-1 splits of a row (a power of two >= 2: pass 2's tile)
 
 
-@lazy_jit
+@lazy_jit(batch_args=("R", "chunks_per_split", "n_splits"))
 def _window_lse_kernel(
     q_ptr, k_table, scale_ptr, src_slots_ptr, src_lens_ptr, m_ptr, l_ptr,
-    R, chunks_per_split,
+    R, chunks_per_split, n_splits,
     stride_ql, stride_qr, stride_qw, stride_qh,
     stride_ks, stride_kh, stride_src_r,
     qk_scale,
     W: tl.constexpr, G: tl.constexpr, HKV: tl.constexpr, WP: tl.constexpr,
     GP: tl.constexpr, GC: tl.constexpr, D: tl.constexpr, BLOCK_D: tl.constexpr,
-    NUM_D: tl.constexpr, BLOCK_S: tl.constexpr, N_SPLITS: tl.constexpr,
+    NUM_D: tl.constexpr, BLOCK_S: tl.constexpr,
     KV_DTYPE: tl.constexpr, PRECISION: tl.constexpr,
     KEY_FP8: tl.constexpr, Q_DTYPE: tl.constexpr,
 ):
@@ -109,21 +110,21 @@ def _window_lse_kernel(
         m_new = tl.maximum(m_i, tl.max(x, 1))
         l_i = l_i * tl.exp2(m_i - m_new) + tl.sum(tl.exp2(x - m_new[:, None]), 1)
         m_i = m_new
-    out = (pid * N_SPLITS + split) * (WP * GP) + gchunk * (WP * GC) + rows
+    out = (pid * n_splits + split) * (WP * GP) + gchunk * (WP * GC) + rows
     tl.store(m_ptr + out, m_i)
     tl.store(l_ptr + out, l_i)
 
 
-@lazy_jit
+@lazy_jit(batch_args=("R", "n_splits"))
 def _window_probs_kernel(
     q_ptr, k_table, scale_ptr, src_slots_ptr, src_lens_ptr, m_ptr, l_ptr, out_ptr,
-    R, S_max,
+    R, S_max, n_splits,
     stride_ql, stride_qr, stride_qw, stride_qh,
     stride_ks, stride_kh, stride_src_r,
     qk_scale,
     W: tl.constexpr, G: tl.constexpr, HKV: tl.constexpr, WP: tl.constexpr,
     GP: tl.constexpr, D: tl.constexpr, BLOCK_D: tl.constexpr, NUM_D: tl.constexpr,
-    BLOCK_S: tl.constexpr, N_SPLITS: tl.constexpr, SPLITS_P: tl.constexpr,
+    BLOCK_S: tl.constexpr, SPLITS_P: tl.constexpr,
     KV_DTYPE: tl.constexpr, PRECISION: tl.constexpr,
     KEY_FP8: tl.constexpr, Q_DTYPE: tl.constexpr,
 ):
@@ -152,8 +153,8 @@ def _window_probs_kernel(
     w = tl.arange(0, WP)
     w_ok = w < W
     sp = tl.arange(0, SPLITS_P)
-    part = (pid * N_SPLITS + sp[:, None]) * (WP * GP) + w[None, :]  # [SPLITS_P, WP]
-    sp_ok = (sp < N_SPLITS)[:, None]
+    part = (pid * n_splits + sp[:, None]) * (WP * GP) + w[None, :]  # [SPLITS_P, WP]
+    sp_ok = (sp < n_splits)[:, None]
     q_row = layer.to(tl.int64) * stride_ql + r * stride_qr + w * stride_qw
     best = tl.zeros([WP, BLOCK_S], tl.float32)
     for g in range(G):
@@ -251,9 +252,10 @@ def window_attention_scores(
         lse_block = probs_block = 32
     lrh = n_layers * n_req * hkv
     n_chunks = triton_cdiv(s_max, lse_block)
-    # Enough pass-1 programs to fill the GPU about 4 times over.
+    # Enough pass-1 programs to fill the GPU about 4 times over, at most MAX_SPLITS (pass 2
+    # reads MAX_SPLITS partials, masked: one compiled variant for every batch).
     n_splits = config.get("n_splits") or triton_cdiv(4 * num_sms(device), lrh * n_gchunks)
-    n_splits = max(1, min(n_splits, n_chunks))
+    n_splits = max(1, min(n_splits, n_chunks, MAX_SPLITS))
     chunks_per_split = triton_cdiv(n_chunks, n_splits)
     n_splits = triton_cdiv(n_chunks, chunks_per_split)
 
@@ -268,18 +270,19 @@ def window_attention_scores(
         stride_ks=k0.stride(0), stride_kh=k0.stride(1), stride_src_r=src_slots.stride(0),
         qk_scale=float(sm_scale) * _LOG2E,
         W=w, G=g, HKV=hkv, WP=wp, GP=gp, D=d, BLOCK_D=block_d, NUM_D=num_d,
-        N_SPLITS=n_splits, KV_DTYPE=triton_dtype(k0.dtype),
+        KV_DTYPE=triton_dtype(k0.dtype),
         # fp32 inputs: exact fp32 products rather than the TF32 default of tl.dot.
         PRECISION="ieee" if q_window.dtype == torch.float32 else "tf32",
         KEY_FP8=FP8_CODES.get(key_dtype, 0), Q_DTYPE=triton_dtype(q_window.dtype),
     )
     _window_lse_kernel[(lrh, n_splits, n_gchunks)](
         q_window, table, scales, src_slots, src_lens, m_part, l_part,
-        n_req, chunks_per_split, GC=gc, BLOCK_S=lse_block, num_warps=lse_warps, **wide, **common,
+        n_req, chunks_per_split, n_splits, GC=gc, BLOCK_S=lse_block, num_warps=lse_warps, **wide,
+        **common,
     )
     _window_probs_kernel[(lrh, triton_cdiv(s_max, probs_block))](
         q_window, table, scales, src_slots, src_lens, m_part, l_part, out,
-        n_req, s_max, SPLITS_P=max(2, next_pow2(n_splits)),
+        n_req, s_max, n_splits, SPLITS_P=MAX_SPLITS,
         BLOCK_S=probs_block, num_warps=probs_warps, **wide, **common,
     )
     return out

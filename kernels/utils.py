@@ -17,22 +17,34 @@ _TABLE_CACHE_MAX = 64
 
 
 class LazyJit:
-    """`kernel[grid](...)` that runs `triton.jit(fn)` on the first launch."""
+    """`kernel[grid](...)` that runs `triton.jit(fn, **options)` on the first launch."""
 
-    def __init__(self, fn: Callable):
-        self.fn = fn
+    def __init__(self, fn: Callable, options: Dict):
+        self.fn, self.options = fn, options
         self._jitted = None
 
     def __getitem__(self, grid):
         if self._jitted is None:
             import triton
 
-            self._jitted = triton.jit(self.fn)
+            self._jitted = triton.jit(self.fn, **self.options)
         return self._jitted[grid]
 
+    def compiled_variants(self):
+        """How many variants Triton compiled so far (None under the interpreter)."""
+        caches = getattr(self._jitted, "device_caches", None)
+        if self._jitted is None:
+            return 0
+        return None if caches is None else sum(len(c[0]) for c in caches.values())
 
-def lazy_jit(fn: Callable) -> LazyJit:
-    return LazyJit(fn)
+
+def lazy_jit(*, batch_args: Sequence[str] = ()) -> Callable[[Callable], LazyJit]:
+    """Decorator. ``batch_args``: integer arguments that change with the batch (request
+    count, lengths, strides derived from them). Triton would compile one variant per
+    value class it sees (== 1, divisible by 16, other), each a stall of seconds for every
+    running request when it first appears mid-serving; these get one variant, which the
+    runtime's warm-up compiles at startup."""
+    return lambda fn: LazyJit(fn, {"do_not_specialize": tuple(batch_args)})
 
 
 def layer_ptr_table(buffers: Sequence[torch.Tensor]) -> torch.Tensor:

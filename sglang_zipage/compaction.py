@@ -25,6 +25,11 @@ import torch
 from sglang_zipage.budget import check_i2
 from sglang_zipage.scoring import LayerKV, ScoringParams, select_and_compact
 
+# A plan's S_max (its longest suffix) is rounded up to this many columns: Triton compiles a
+# kernel variant per divisibility class of its integer arguments, so suffixes of any length
+# (elastic mode compacts whatever a request grew to) share the variant the warm-up compiled.
+S_MAX_ALIGN = 16
+
 
 @dataclass(frozen=True)
 class CompactionItem:
@@ -44,7 +49,7 @@ class CompactionPlan:
     k: int  # tokens kept per (layer, request, KV head)
     req_pool_indices: List[int]
     window_slots: torch.Tensor  # [R] int64
-    src_slots: torch.Tensor  # [R, S_max] int64 snapshot, padding 0
+    src_slots: torch.Tensor  # [R, S_max] int64 snapshot, padding 0 (S_max: S_MAX_ALIGN multiple)
     src_lens: torch.Tensor  # [R] int64
     dst_slots: torch.Tensor  # [R, k] int64 == src_slots[:, :k] (in place)
     n_stored: torch.Tensor  # [R] int64
@@ -64,7 +69,7 @@ def plan_compaction(req_to_token: torch.Tensor, items: Sequence[CompactionItem],
     Shadow (fresh [R, k] slots): the whole snapshot [R, S_max] padded with 0, to free only
     at commit (``src_lens`` says how many of each row are real)."""
     dev = req_to_token.device
-    s_max = max(it.suffix for it in items)
+    s_max = -(-max(it.suffix for it in items) // S_MAX_ALIGN) * S_MAX_ALIGN
     rows, cols, free_rows, free_cols = [], [], [], []
     for it in items:
         check_i2(it.c0, k, page_size)

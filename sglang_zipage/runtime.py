@@ -19,7 +19,8 @@ import torch
 
 from sglang_zipage import kv_layout, request_budget
 from sglang_zipage.budget import Budget, Pressure, ReqState, async_lag
-from sglang_zipage.compaction import CompactionItem, CompactionPlan, execute, plan_compaction
+from sglang_zipage.compaction import (S_MAX_ALIGN, CompactionItem, CompactionPlan, execute,
+                                     plan_compaction)
 from sglang_zipage.config import ZipageConfig
 from sglang_zipage.counters import Counters
 from sglang_zipage.decisions import DecisionLog
@@ -108,8 +109,9 @@ class ZipageRuntime:
     def _warm_up(self) -> None:
         """Compile the Triton kernels now, not in the middle of the first compaction
         (seconds of JIT with every running request waiting): one compaction on scratch
-        buffers shaped like the pool's."""
-        k, s = 2 * self.page_size, 4 * self.page_size
+        buffers shaped like the pool's. The kernels compile one variant for any batch
+        (kernels.utils.lazy_jit's batch_args, plans padded to S_MAX_ALIGN columns)."""
+        k, s = 2 * self.page_size, max(4 * self.page_size, 2 * S_MAX_ALIGN)
         like = lambda bufs: [torch.zeros((s + 1, *bufs[0].shape[1:]), dtype=bufs[0].dtype,
                                          device=self.device)] * len(bufs) if bufs else bufs
         kv = self.kv

@@ -10,7 +10,8 @@ import torch
 from sglang.srt.mem_cache.allocator.paged import PagedTokenToKVPoolAllocator
 from sglang.srt.mem_cache.allocator.token import TokenToKVPoolAllocator
 from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool, ReqToTokenPool
-from sglang_zipage.compaction import CompactionItem, commit_shadow, execute, plan_compaction
+from sglang_zipage.compaction import (S_MAX_ALIGN, CompactionItem, commit_shadow, execute,
+                                     plan_compaction)
 from sglang_zipage.scoring import LayerKV, ScoringParams
 
 LAYERS, KV_HEADS, Q_HEADS, DIM, W = 2, 2, 4, 8, 4
@@ -56,6 +57,11 @@ def test_plan_frees_surplus_pages_and_keeps_prompt_columns(page):
         assert torch.equal(plan.src_slots[i, :n - c0], src)
         assert torch.equal(plan.dst_slots[i], src[:k])  # in place: the suffix's own columns
         assert (plan.src_slots[i, n - c0:] == 0).all()
+    # Rows padded to the alignment the kernels' one compiled variant assumes; lengths exact.
+    longest = max(it.suffix for it in items)
+    assert plan.src_slots.shape[1] % S_MAX_ALIGN == 0
+    assert longest <= plan.src_slots.shape[1] < longest + S_MAX_ALIGN
+    assert plan.src_lens.tolist() == [it.suffix for it in items]
     freed_pages = {int(s) // page for s in surplus}
     kept_pages = {int(s) // page for rpi, n in lengths.items() for s in row_before[rpi, :c0 + k]}
     assert not freed_pages & kept_pages  # I2/I3: only whole surplus pages go back
