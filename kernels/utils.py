@@ -32,9 +32,9 @@ class LazyJit:
 
     def compiled_variants(self):
         """How many variants Triton compiled so far (None under the interpreter)."""
-        caches = getattr(self._jitted, "device_caches", None)
         if self._jitted is None:
             return 0
+        caches = getattr(self._jitted, "device_caches", None)  # JITFunction's, per device
         return None if caches is None else sum(len(c[0]) for c in caches.values())
 
 
