@@ -416,7 +416,10 @@ def load_entry(results: Dict, label: str, spec: LoadSpec, var: Dict) -> Dict:
         if (e["load"] == label and e["spec"] == dataclasses.asdict(spec)
                 and all(e.get(k, d) == var[k] for k, d in VARIANT_DEFAULTS.items())):
             return e
-    e = {"load": label, "spec": dataclasses.asdict(spec), **var}
+    # every load here submits all its requests at t=0: the first wave (steady_state.py
+    # measures staggered arrivals)
+    e = {"load": label, "spec": dataclasses.asdict(spec), **var, "regime": "first-wave",
+         "output_len": spec.output_len}
     results["loads"].append(e)
     return e
 
