@@ -73,6 +73,7 @@ $OUT); follow-up calls must come before the machine is given back (it stays warm
   call 2:  sleep 150; tail -5 /tmp/ss/stock-8k.out; cp /tmp/ss/* $OUT/   (until "status": "done")
   then the same with --engine zipage (--out /tmp/ss/zipage-8k.json), and here:
   python benchmarks/steady_state.py --merge stock-8k.json zipage-8k.json --out steady-8k.json
+benchmarks/steady_pair.sh runs both engines and the merge in one background chain.
 Both engines get the same flags (--zipage-* are ignored by stock; --cuda-graph-max-bs-decode
 512 is what zipage sets by itself on a GPU, so stock gets it too). A later window (e.g. 600-900
 s) reaches the long-run regime of 16k outputs, where zipage's first requests finish.

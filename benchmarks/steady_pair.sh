@@ -1,0 +1,28 @@
+#!/bin/bash
+# Issue 18's steady state at full size for one output length: stock, then zipage, on one GPU,
+# each behind benchmarks/steady_state.py (SGLang's bench_serving, Poisson arrivals above
+# capacity), then merged. About 13 minutes per engine, so it runs in the background: start it
+# with setsid in one device call and read DIR/progress in the next ones (the machine stays
+# held while calls keep coming; each call has its own $OUT, so copy DIR/*.json there):
+#   source benchmarks/device_env.sh && mkdir -p /tmp/ss && setsid nohup bash \
+#     benchmarks/steady_pair.sh 8192 /tmp/ss SHA > /tmp/ss/pair.out 2>&1 < /dev/null &
+#   ...; cat /tmp/ss/progress; cp /tmp/ss/*.json $OUT/
+# Flags after the first three go to both runs and override these (e.g. for 16k outputs a
+# later window and more prompts: --window-start-s 600 --window-end-s 900 --num-prompts 7400).
+set -u
+len=$1; dir=$2; commit=$3; shift 3
+mkdir -p "$dir"
+common=(--output-len "$len" --num-prompts 4400 --request-rate 8
+        --window-start-s 300 --window-end-s 540
+        --attention-backend triton --mem-fraction-static 0.85 --cuda-graph-max-bs-decode 512
+        --disable-prefill-cuda-graph --zipage-kv-budget 2048 --zipage-buffer 256
+        --commit "$commit" "$@")
+for engine in stock zipage; do
+  echo "$(date +%s) start $engine" >> "$dir/progress"
+  python3 benchmarks/steady_state.py --engine "$engine" "${common[@]}" \
+    --out "$dir/$engine-$len.json" > "$dir/$engine-$len.out" 2>&1
+  echo "$(date +%s) end $engine rc=$?" >> "$dir/progress"
+done
+python3 benchmarks/steady_state.py --merge "$dir/stock-$len.json" "$dir/zipage-$len.json" \
+  --out "$dir/steady-$len.json" >> "$dir/progress" 2>&1
+echo "$(date +%s) done" >> "$dir/progress"
