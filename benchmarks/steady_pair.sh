@@ -10,6 +10,7 @@
 # Flags after the first three go to both runs and override these (e.g. for 16k outputs a
 # later window and more prompts: --window-start-s 600 --window-end-s 900 --num-prompts 7400).
 set -u
+py=${PYTHON:-python3}  # CPU check: PYTHON=.venv/bin/python, plus --tiny and small sizes
 len=$1; dir=$2; commit=$3; shift 3
 mkdir -p "$dir"
 common=(--output-len "$len" --num-prompts 4400 --request-rate 8
@@ -19,10 +20,10 @@ common=(--output-len "$len" --num-prompts 4400 --request-rate 8
         --commit "$commit" "$@")
 for engine in stock zipage; do
   echo "$(date +%s) start $engine" >> "$dir/progress"
-  python3 benchmarks/steady_state.py --engine "$engine" "${common[@]}" \
+  $py benchmarks/steady_state.py --engine "$engine" "${common[@]}" \
     --out "$dir/$engine-$len.json" > "$dir/$engine-$len.out" 2>&1
   echo "$(date +%s) end $engine rc=$?" >> "$dir/progress"
 done
-python3 benchmarks/steady_state.py --merge "$dir/stock-$len.json" "$dir/zipage-$len.json" \
+$py benchmarks/steady_state.py --merge "$dir/stock-$len.json" "$dir/zipage-$len.json" \
   --out "$dir/steady-$len.json" >> "$dir/progress" 2>&1
 echo "$(date +%s) done" >> "$dir/progress"
