@@ -49,7 +49,7 @@ from sglang_zipage.kernels import (compact_kv_ref, global_scores_ref, select_top
                                    window_attention_scores_ref)
 import triton  # noqa: E402
 
-from sglang_zipage.compaction import S_MAX_ALIGN  # noqa: E402
+from sglang_zipage.compaction import S_MAX_ALIGN, aligned_s_max  # noqa: E402
 from sglang_zipage.kernels import compaction as compaction_mod  # noqa: E402
 from sglang_zipage.kernels import pool_decay_protect as pool_mod  # noqa: E402
 from sglang_zipage.kernels import scores as scores_mod  # noqa: E402
@@ -311,7 +311,7 @@ def jit_variants(cfg, pool):
     count = lambda: [kern.compiled_variants() for kern in KERNELS]  # noqa: E731
     res = {"before": count(), "shapes": []}
     for b, s_max, k in shapes:
-        s_max = min(-(-s_max // S_MAX_ALIGN) * S_MAX_ALIGN, s_full)
+        s_max = min(aligned_s_max(s_max), s_full)
         k, b = min(k, s_max - 8), min(b, n)
         lens = torch.randint(k + 1, s_max + 1, (b,), generator=gen).to(pool.src.device)
         src = pool.src[:b, :s_max].contiguous()

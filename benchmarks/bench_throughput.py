@@ -296,6 +296,16 @@ def start_engine(which: str, args, kw: Dict):
     return engine, time.perf_counter() - t0
 
 
+def warm_up(engine, which: str, args, input_len: int, vocab: int) -> Tuple[int, int]:
+    """--warmup-requests requests of --warmup-output-len tokens (defaults in their help);
+    returns (requests, output length)."""
+    out_len = args.warmup_output_len or (
+        args.zipage_kv_budget + 2 * args.zipage_buffer + 32 if which == "zipage" else 64)
+    n_warm = args.warmup_requests or (40 if on_gpu(args) else 8)
+    engine.loop.run_until_complete(warmup(engine, n_warm, out_len, input_len, vocab, args.seed))
+    return n_warm, out_len
+
+
 def server_info(engine) -> Dict:
     info = engine.get_server_info()
     out = {k: info.get(k) for k in SERVER_INFO_KEYS if k in info}
@@ -336,12 +346,8 @@ def run_engine(which: str, args, model_dir: str, specs: List[Tuple[str, LoadSpec
         eng_res["engine_start_s"] = round(start_s, 1)
         log(f"{which} engine ready in {start_s:.1f} s")
         vocab = vocab_size(model_dir)
-        out_len = args.warmup_output_len or (
-            args.zipage_kv_budget + 2 * args.zipage_buffer + 32 if which == "zipage" else 64)
         t = time.perf_counter()
-        n_warm = args.warmup_requests or (40 if on_gpu(args) else 8)
-        engine.loop.run_until_complete(warmup(engine, n_warm, out_len,
-                                              min(specs[0][1].input_len, 512), vocab, args.seed))
+        n_warm, out_len = warm_up(engine, which, args, min(specs[0][1].input_len, 512), vocab)
         eng_res["warmup_s"] = round(time.perf_counter() - t, 1)
         eng_res["warmup_output_len"] = out_len
         eng_res["warmup_requests"] = n_warm

@@ -287,10 +287,7 @@ def main(argv=None) -> None:
         res["engines"][which] = entry
         try:
             engine, entry["engine_start_s"] = bt.start_engine(which, bta, kw)
-            out_len = bta.zipage_kv_budget + 2 * bta.zipage_buffer + 32 if which == "zipage" else 64
-            n_warm = bta.warmup_requests or (40 if bt.on_gpu(bta) else 4)
-            engine.loop.run_until_complete(bt.warmup(engine, n_warm, out_len, own.input_len,
-                                                     vocab, bta.seed))
+            bt.warm_up(engine, which, bta, own.input_len, vocab)
             entry.update(engine.loop.run_until_complete(
                 measure(engine, which, own, bta, vocab, own.trace_dir)))
         except Exception as e:

@@ -31,6 +31,11 @@ from sglang_zipage.scoring import LayerKV, ScoringParams, select_and_compact
 S_MAX_ALIGN = 16
 
 
+def aligned_s_max(longest: int) -> int:
+    """S_max of a plan whose longest suffix is ``longest``: the next S_MAX_ALIGN multiple."""
+    return -(-longest // S_MAX_ALIGN) * S_MAX_ALIGN
+
+
 @dataclass(frozen=True)
 class CompactionItem:
     """One request to compress, from the scheduler's CPU state."""
@@ -69,7 +74,7 @@ def plan_compaction(req_to_token: torch.Tensor, items: Sequence[CompactionItem],
     Shadow (fresh [R, k] slots): the whole snapshot [R, S_max] padded with 0, to free only
     at commit (``src_lens`` says how many of each row are real)."""
     dev = req_to_token.device
-    s_max = -(-max(it.suffix for it in items) // S_MAX_ALIGN) * S_MAX_ALIGN
+    s_max = aligned_s_max(max(it.suffix for it in items))
     rows, cols, free_rows, free_cols = [], [], [], []
     for it in items:
         check_i2(it.c0, k, page_size)
