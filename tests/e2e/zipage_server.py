@@ -78,8 +78,10 @@ BIND_FAILED = "address already in use"
 class Server:
     """A launched server; ``url``, ``log_path``, ``stop()`` -> pids still alive after it."""
 
-    def __init__(self, args, log_path: Path, env=None, ready_timeout: float = 600, attempts: int = 3):
+    def __init__(self, args, log_path: Path, env=None, ready_timeout: float = 600, attempts: int = 3,
+                 cwd=REPO):
         self.log_path = Path(log_path)
+        self._cwd = str(cwd)
         self._env = {**os.environ, **(env or {})}
         for attempt in range(attempts):
             if self._start(args, ready_timeout):
@@ -95,7 +97,7 @@ class Server:
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "sglang_zipage.launch_server", "--host", "127.0.0.1",
              "--port", str(self.port), *args],
-            stdout=self._log, stderr=subprocess.STDOUT, env=self._env, cwd=str(REPO))
+            stdout=self._log, stderr=subprocess.STDOUT, env=self._env, cwd=self._cwd)
         deadline = time.monotonic() + ready_timeout
         while time.monotonic() < deadline:
             if BIND_FAILED in self.log():  # uvicorn logs it, then hangs in shutdown
