@@ -86,7 +86,9 @@ def plot(json_path: str, png_path: str) -> str:
 
     with open(json_path) as f:
         res = json.load(f)
-    loads = res.get("loads") or []
+    # rows with time series (steady-state rows keep theirs in their own file, "source")
+    loads = [e for e in res.get("loads") or []
+             if any((e.get(w) or {}).get("samples") for w in ("stock", "zipage"))]
     rows = max(1, len(loads))
     fig, axes = plt.subplots(rows, 3, figsize=(16, 3.8 * rows), squeeze=False)
     for row, entry in zip(axes, loads):

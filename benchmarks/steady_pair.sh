@@ -7,8 +7,11 @@
 #   source benchmarks/device_env.sh && mkdir -p /tmp/ss && setsid nohup bash \
 #     benchmarks/steady_pair.sh 8192 /tmp/ss SHA > /tmp/ss/pair.out 2>&1 < /dev/null &
 #   ...; cat /tmp/ss/progress; cp /tmp/ss/*.json $OUT/
-# Flags after the first three go to both runs and override these (e.g. for 16k outputs a
-# later window and more prompts: --window-start-s 600 --window-end-s 900 --num-prompts 7400).
+# Flags after the first three go to both runs and override these. A device session holds the
+# machine for at most ~28 minutes, and each engine takes ~2.2 min to start plus the window end
+# plus ~20 s to drain and write: the 8k pair of steady-8k-h200.json ran with
+# --window-start-s 270 --window-end-s 480 (24 minutes held); for 16k outputs use
+# --window-start-s 360 --window-end-s 600 --num-prompts 5000 (about 26 minutes).
 set -u
 py=${PYTHON:-python3}  # CPU check: PYTHON=.venv/bin/python, plus --tiny and small sizes
 len=$1; dir=$2; commit=$3; shift 3
