@@ -6,7 +6,7 @@
 # held while calls keep coming; each call has its own $OUT, so copy DIR/*.json there):
 #   source benchmarks/device_env.sh && mkdir -p /tmp/ss && setsid nohup bash \
 #     benchmarks/steady_pair.sh 8192 /tmp/ss SHA > /tmp/ss/pair.out 2>&1 < /dev/null &
-#   ...; cat /tmp/ss/progress; cp /tmp/ss/*.json $OUT/
+#   then, in back-to-back calls:  bash benchmarks/poll_progress.sh /tmp/ss 570
 # Flags after the first three go to both runs and override these. A device session holds the
 # machine for at most ~28 minutes, and each engine takes ~2.2 min to start plus the window end
 # plus ~20 s to drain and write: the 8k pair of steady-8k-h200.json ran with
