@@ -71,7 +71,7 @@ Both engines get the same flags (--zipage-* are ignored by stock; --cuda-graph-m
 
 What such a window shows (steady-8k-h200.json): with one output length, requests admitted
 together finish together, so both engines run in waves for many request lifetimes (8k
-tokens at ~37 ms a step is ~5 minutes); spans_from_samples there gives the ratio over
+tokens at ~37 ms a step is ~5 minutes); its "spans" (--merge --spans) give the ratio over
 other spans of the same runs.
 """
 
@@ -170,6 +170,9 @@ def parse_args(argv: List[str]):
     a("--commit", default=None, help="default: git rev-parse HEAD, else $ZIPAGE_COMMIT")
     a("--out", default="steady_state.json")
     a("--merge", nargs="+", metavar="JSON", help="merge single-engine files into --out")
+    a("--spans", default=None, help="with --merge: spans (s after the load started) to compare "
+      "both engines over besides the window, e.g. 0-480,60-270 (default: the whole load and "
+      "the window)")
     args, server_flags = p.parse_known_args(argv)
     if args.window_end_s <= args.window_start_s:
         p.error("--window-end-s must be > --window-start-s")
@@ -324,6 +327,7 @@ def window_metrics(samples: List[Dict], lo_s: float, hi_s: float) -> Dict:
                retractions=b["retractions"] - a["retractions"],
                retractions_per_min=rnd(60 * (b["retractions"] - a["retractions"]) / span),
                retracted_output_tokens=b["retracted_output_tokens"] - a["retracted_output_tokens"],
+               finished=b["finished_requests"] - a["finished_requests"],
                finished_per_min=rnd(60 * (b["finished_requests"] - a["finished_requests"]) / span))
     if out["output_tok_s"] and out["mean_running_reqs"]:
         out["server_tpot_ms"] = rnd(1e3 * out["mean_running_reqs"] / out["output_tok_s"])
@@ -651,7 +655,35 @@ def compare(stock: Dict, zipage: Dict) -> Dict:
     return out
 
 
-def merge(paths: List[str], out: str) -> Dict:
+SPAN_KEYS = ("start_s", "end_s", "output_tok_s", "finished", "mean_running_reqs",
+             "min_running_reqs", "max_running_reqs", "mean_pool_use")
+
+
+def compare_spans(stock: Dict, zipage: Dict, spans: List[List[float]]) -> List[Dict]:
+    """Both engines over other spans of the same runs (the window is one span of a run that
+    may move in waves; these say how much the ratio depends on where it is taken)."""
+    def until_abort(run):  # samples after the window end see the abort (all "finished")
+        end = (run.get("load") or {}).get("window_end_s", float("inf"))
+        return [x for x in run.get("samples") or [] if x.get("t_s") is not None and x["t_s"] <= end]
+
+    samples = [until_abort(stock), until_abort(zipage)]
+    rows = []
+    for start, end in spans:
+        s, z = ({k: m.get(k) for k in SPAN_KEYS} if "error" not in m else m
+                for m in (window_metrics(smp, start, end) for smp in samples))
+        rows.append(dict(span_s=[start, end], stock=s, zipage=z,
+                         ratio=ratio(z.get("output_tok_s"), s.get("output_tok_s"))))
+    return rows
+
+
+def default_spans(stock: Dict) -> List[List[float]]:
+    """The whole load and the window."""
+    load = stock.get("load") or {}
+    start, end = load.get("window_start_s"), load.get("window_end_s")
+    return [[0.0, end], [start, end]] if end else []
+
+
+def merge(paths: List[str], out: str, spans: Optional[List[List[float]]] = None) -> Dict:
     docs = [json.load(open(p)) for p in paths]
     engines = {d["engine"]: d for d in docs}
     res = dict(benchmark="steady_state (merged)",
@@ -662,9 +694,18 @@ def merge(paths: List[str], out: str) -> Dict:
     if "stock" in engines and "zipage" in engines:
         res["comparison"] = compare(engines["stock"], engines["zipage"])
         res["output_tok_s_ratio"] = res["comparison"]["window.output_tok_s"]["ratio"]
+        res["spans"] = compare_spans(engines["stock"], engines["zipage"],
+                                     spans or default_spans(engines["stock"]))
     write_json(res, out)
     print("MERGED " + json.dumps({k: res.get(k) for k in ("summary", "output_tok_s_ratio")}), flush=True)
     return res
+
+
+def parse_spans(text: Optional[str]) -> Optional[List[List[float]]]:
+    """'0-480,60-270' -> [[0, 480], [60, 270]]."""
+    if not text:
+        return None
+    return [[float(x) for x in part.split("-")] for part in text.split(",")]
 
 
 def main(argv: Optional[List[str]] = None) -> None:
@@ -674,7 +715,7 @@ def main(argv: Optional[List[str]] = None) -> None:
         return
     args, extra_flags = parse_args(argv)
     if args.merge:
-        merge(args.merge, args.out)
+        merge(args.merge, args.out, parse_spans(args.spans))
         return
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # cleanup runs in run()'s finally
     run(args, extra_flags, argv)

@@ -28,3 +28,32 @@ def test_runs_on_their_own_ports_and_paths_are_one_load():
 def test_a_different_load_argument_is_flagged():
     out = ss.compare(run(load(27343, "a"), 100.0), run(load(27343, "a", "16384"), 120.0))
     assert out["warning"] == "the two runs had different load arguments"
+
+
+def samples(tok_s, finished_at, window_end, aborted):
+    """One sample a second: decode at tok_s, one request finished at each finished_at time,
+    then, after the window end, the abort: every request left counts as finished."""
+    out = []
+    for t in [*range(0, window_end + 1), window_end + 0.3, window_end + 1.3]:  # 0.3: the abort
+        done = sum(1 for f in finished_at if f <= t) + (aborted if t > window_end else 0)
+        out.append({"t_s": float(t), "decode_tokens": tok_s * min(t, window_end),
+                    "prefill_tokens": 0, "retractions": 0, "retracted_output_tokens": 0,
+                    "finished_requests": done, "running_reqs": 0 if t > window_end else 10,
+                    "waiting_reqs": 5, "used_tokens": 50, "pool_tokens": 100})
+    return out
+
+
+def engine_run(tok_s, finished_at, aborted=40):
+    load = {"window_start_s": 20.0, "window_end_s": 40.0}
+    return {"load": load, "samples": samples(tok_s, finished_at, 40, aborted)}
+
+
+def test_spans_compare_both_engines_and_stop_at_the_window_end():
+    stock, zipage = engine_run(100.0, [30]), engine_run(150.0, [5, 25, 35])
+    whole, window = ss.compare_spans(stock, zipage, ss.default_spans(stock))
+    assert whole["span_s"] == [0.0, 40.0] and window["span_s"] == [20.0, 40.0]
+    assert whole["ratio"] == 1.5 and window["ratio"] == 1.5
+    # the abort after the window end is not a finish
+    assert (whole["stock"]["finished"], whole["zipage"]["finished"]) == (1, 3)
+    assert (window["stock"]["finished"], window["zipage"]["finished"]) == (1, 2)
+    assert window["zipage"]["min_running_reqs"] == 10
