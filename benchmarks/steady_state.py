@@ -684,12 +684,21 @@ def default_spans(stock: Dict) -> List[List[float]]:
 
 
 def merge(paths: List[str], out: str, spans: Optional[List[List[float]]] = None) -> Dict:
-    docs = [json.load(open(p)) for p in paths]
+    """Single-engine files (or merged ones, whose engines are taken again) side by side."""
+    sources = []  # (path, single-engine doc)
+    for p in paths:
+        d = json.load(open(p))
+        if "engine" in d:
+            sources.append((p, d))
+        else:
+            origin = {m["engine"]: m["path"] for m in d.get("merged_from", [])}
+            sources += [(origin.get(name, p), e) for name, e in d.get("engines", {}).items()]
+    docs = [d for _, d in sources]
     engines = {d["engine"]: d for d in docs}
     res = dict(benchmark="steady_state (merged)",
                merged_from=[dict(path=p, engine=d["engine"], command=d.get("command"),
                                  commit=d.get("commit"), status=d.get("status"))
-                            for p, d in zip(paths, docs)],
+                            for p, d in sources],
                summary=[summary(d) for d in docs], engines=engines)
     if "stock" in engines and "zipage" in engines:
         res["comparison"] = compare(engines["stock"], engines["zipage"])

@@ -57,3 +57,19 @@ def test_spans_compare_both_engines_and_stop_at_the_window_end():
     assert (whole["stock"]["finished"], whole["zipage"]["finished"]) == (1, 3)
     assert (window["stock"]["finished"], window["zipage"]["finished"]) == (1, 2)
     assert window["zipage"]["min_running_reqs"] == 10
+
+
+def test_a_merged_file_merges_again_with_other_spans(tmp_path):
+    import json
+    files = []
+    for name, tok_s in (("stock", 100.0), ("zipage", 150.0)):
+        doc = {**engine_run(tok_s, [30]), "engine": name, "status": "done",
+               "command": f"run {name}", "window": {"output_tok_s": tok_s}, "bench_serving": {}}
+        files.append(tmp_path / f"{name}.json")
+        files[-1].write_text(json.dumps(doc))
+    first = ss.merge([str(f) for f in files], str(tmp_path / "m.json"))
+    again = ss.merge([str(tmp_path / "m.json")], str(tmp_path / "m2.json"), [[10.0, 30.0]])
+    assert [m["path"] for m in again["merged_from"]] == [str(f) for f in files]
+    assert again["output_tok_s_ratio"] == first["output_tok_s_ratio"] == 1.5
+    assert [r["span_s"] for r in again["spans"]] == [[10.0, 30.0]]
+    assert again["spans"][0]["ratio"] == 1.5
