@@ -169,7 +169,7 @@ def parse_args(argv: List[str]):
       help="after the window: until bench_serving has written its report")
     a("--commit", default=None, help="default: git rev-parse HEAD, else $ZIPAGE_COMMIT")
     a("--out", default="steady_state.json")
-    a("--merge", nargs="+", metavar="JSON", help="merge single-engine files into --out")
+    a("--merge", nargs="+", metavar="JSON", help="merge single-engine (or merged) files into --out")
     a("--spans", default=None, help="with --merge: spans (s after the load started) to compare "
       "both engines over besides the window, e.g. 0-480,60-270 (default: the whole load and "
       "the window)")
