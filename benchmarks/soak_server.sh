@@ -18,7 +18,7 @@ here=$(cd "$(dirname "$0")" && pwd)
 py=${PYTHON:-python3}
 case $py in */*) py=$(cd "$(dirname "$py")" && pwd)/$(basename "$py") ;; esac  # absolute: the server runs elsewhere
 port=${PORT:-31700}
-log=${out%.json}-server.log
+log=$(realpath -m "${out%.json}-server.log")
 model=$("$py" -c "import sys; sys.path.insert(0, '$here')
 from bench_throughput import tiny_model_dir; print(tiny_model_dir())")
 env_strict="SGLANG_ENABLE_STRICT_MEM_CHECK_DURING_BUSY=1 SGLANG_CHECK_KV_PAGE_INVARIANTS=1 SGLANG_DEBUG_MEMORY_POOL=1"
@@ -27,7 +27,6 @@ server_cmd="$env_strict $py -m sglang_zipage.launch_server --model-path <tiny 2-
 # The server starts in the model's folder, not the repository root: there `python -m` would
 # find the root's kernels/ as the top-level `kernels` (PyPI's, which transformers probes for;
 # on the device, where the package runs from PYTHONPATH, that stopped the server at import).
-log=$(realpath -m "$log")
 # shellcheck disable=SC2086
 (cd "$model" && exec env $env_strict "$py" -m sglang_zipage.launch_server --model-path "$model" \
   $flags >"$log" 2>&1) &

@@ -470,11 +470,8 @@ class Run:
         flags = server_flags_for(self.args, self.model_dir, tok, self.extra_flags)
         log(f"starting the {self.args.engine} server: {' '.join(flags)}")
         t = time.time()
-        # cwd: not the repository root, whose kernels/ folder would be found as the top-level
-        # `kernels` (PyPI's, which transformers probes for) by `python -m` on a device machine
-        # where the package runs from PYTHONPATH rather than an install
         self.server = Server(flags, self.base + "-server.log", env=OFFLINE_ENV,
-                             ready_timeout=self.args.server_timeout_s, cwd=self.work)
+                             ready_timeout=self.args.server_timeout_s)
         self.doc["server"] = dict(
             command=" ".join(["python", "-m", "sglang_zipage.launch_server", "--host", "127.0.0.1",
                               "--port", str(self.server.port), *map(shlex.quote, flags)]),

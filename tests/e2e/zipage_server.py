@@ -78,10 +78,8 @@ BIND_FAILED = "address already in use"
 class Server:
     """A launched server; ``url``, ``log_path``, ``stop()`` -> pids still alive after it."""
 
-    def __init__(self, args, log_path: Path, env=None, ready_timeout: float = 600, attempts: int = 3,
-                 cwd=REPO):
-        self.log_path = Path(log_path)
-        self._cwd = str(cwd)
+    def __init__(self, args, log_path: Path, env=None, ready_timeout: float = 600, attempts: int = 3):
+        self.log_path = Path(log_path).resolve()
         self._env = {**os.environ, **(env or {})}
         for attempt in range(attempts):
             if self._start(args, ready_timeout):
@@ -97,7 +95,10 @@ class Server:
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "sglang_zipage.launch_server", "--host", "127.0.0.1",
              "--port", str(self.port), *args],
-            stdout=self._log, stderr=subprocess.STDOUT, env=self._env, cwd=self._cwd)
+            # in the log's folder, not the repository root: there `python -m` would find the
+            # root's kernels/ as the top-level `kernels` (PyPI's, which transformers probes
+            # for; on the device, where the package runs from PYTHONPATH, the server died)
+            stdout=self._log, stderr=subprocess.STDOUT, env=self._env, cwd=self.log_path.parent)
         deadline = time.monotonic() + ready_timeout
         while time.monotonic() < deadline:
             if BIND_FAILED in self.log():  # uvicorn logs it, then hangs in shutdown
