@@ -11,7 +11,8 @@
 # machine for at most ~28 minutes, and each engine takes ~2.2 min to start plus the window end
 # plus ~20 s to drain and write: the 8k pair of steady-8k-h200.json ran with
 # --window-start-s 270 --window-end-s 480 (24 minutes held); for 16k outputs use
-# --window-start-s 360 --window-end-s 600 --num-prompts 5000 (about 26 minutes).
+# --window-start-s 360 --window-end-s 600 --num-prompts 5000 (25 minutes held for
+# steady-16k-h200.json).
 set -u
 py=${PYTHON:-python3}  # CPU check: PYTHON=.venv/bin/python, plus --tiny and small sizes
 len=$1; dir=$2; commit=$3; shift 3
