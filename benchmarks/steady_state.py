@@ -65,7 +65,8 @@ window. One engine takes about 2 min to start, then the load runs to the window 
 /tmp (each call has its own $OUT); follow-up calls must come before the machine is given
 back (it stays warm ~30 s), and a pair must fit the ~28 minutes a session holds it.
 benchmarks/steady_pair.sh runs both engines and the merge in one background chain (its
-header has the windows that fit; results/steady-8k-h200.json is one such run).
+header has the windows that fit; results/steady-8k-h200.json is one such run); --add-row
+MERGED RESULTS puts a merged file into throughput-h200.json as its steady-state row.
 Both engines get the same flags (--zipage-* are ignored by stock; --cuda-graph-max-bs-decode
 512 is what zipage sets by itself on a GPU, so stock gets it too).
 
@@ -170,6 +171,9 @@ def parse_args(argv: List[str]):
     a("--commit", default=None, help="default: git rev-parse HEAD, else $ZIPAGE_COMMIT")
     a("--out", default="steady_state.json")
     a("--merge", nargs="+", metavar="JSON", help="merge single-engine (or merged) files into --out")
+    a("--add-row", nargs=2, metavar=("MERGED", "RESULTS"), help="put a merged file's numbers "
+      "into a bench_throughput result file as its steady-state row (e.g. "
+      "results/steady-8k-h200.json results/throughput-h200.json)")
     a("--spans", default=None, help="with --merge: spans (s after the load started) to compare "
       "both engines over besides the window, e.g. 0-480,60-270 (default: the whole load and "
       "the window)")
@@ -707,6 +711,70 @@ def merge(paths: List[str], out: str, spans: Optional[List[List[float]]] = None)
     return res
 
 
+ROW_BENCH_KEYS = ("completed", "total_output_tokens", "output_throughput", "median_e2e_latency_ms",
+                  "median_ttft_ms", "p99_ttft_ms", "median_tpot_ms", "p99_tpot_ms",
+                  "median_itl_ms", "p99_itl_ms")
+ROW_WINDOW_KEYS = ("output_tok_s", "mean_running_reqs", "min_running_reqs", "max_running_reqs",
+                   "mean_waiting_reqs", "mean_pool_use", "retractions_per_min",
+                   "finished_per_min", "server_tpot_ms", "compaction_share")
+
+
+def flag_value(command: str, flag: str, default: str) -> str:
+    words = shlex.split(command or "")
+    return words[words.index(flag) + 1] if flag in words[:-1] else default
+
+
+def throughput_row(merged: Dict, source: str) -> Dict:
+    """A merged steady-state file as a row of bench_throughput's result file (its "loads"),
+    with "regime": "steady-state"; the time series stay in ``source``. The merged file's
+    hand-written "device_command" and "caveat" come along."""
+    engines, load = merged["engines"], merged["engines"]["stock"]["load"]
+
+    def engine(run):
+        w = run["window"]
+        return dict(command=run["command"], commit=(run.get("commit") or "")[:7],
+                    server_command=run["server"].get("command"),
+                    window_start_s=w["start_s"], window_end_s=w["end_s"],
+                    **{k: w.get(k) for k in ROW_WINDOW_KEYS},
+                    bench_serving={k: rnd(run["bench_serving"][k], 2) for k in ROW_BENCH_KEYS
+                                   if k in run["bench_serving"]})
+
+    stock, zipage = engine(engines["stock"]), engine(engines["zipage"])
+    zipage_cmd = zipage["server_command"]
+    return dict(
+        load=f"poisson:rate={load['request_rate']:g}:output_len={load['output_len']}",
+        spec=dict(name="poisson", num_requests=load["num_prompts"], input_len=load["input_len"],
+                  output_len=load["output_len"], shared_prefix_len=0, until="window",
+                  request_rate=load["request_rate"],
+                  arrivals=f"sglang.bench_serving --request-rate {load['request_rate']:g} "
+                           "(Poisson), random ids, ignore_eos"),
+        kv_cache_dtype=flag_value(zipage_cmd, "--kv-cache-dtype", "auto"),
+        zipage_mode=flag_value(zipage_cmd, "--zipage-mode", "elastic"),
+        stock=stock, zipage=zipage, stock_output_tok_s=stock["output_tok_s"],
+        zipage_output_tok_s=zipage["output_tok_s"], ratio=merged["output_tok_s_ratio"],
+        compaction_share=zipage["compaction_share"], regime="steady-state",
+        output_len=load["output_len"], source=f"{source} (time series, spans, notes)",
+        device_command=merged.get("device_command"), caveat=merged.get("caveat"),
+        spans=merged.get("spans"))
+
+
+def add_row(merged_path: str, results_path: str) -> Dict:
+    """Put a merged file's row into a bench_throughput result file, replacing the row of the
+    same load, and write it back."""
+    with open(merged_path) as f:
+        row = throughput_row(json.load(f), os.path.basename(merged_path))
+    with open(results_path) as f:
+        res = json.load(f)
+    loads = res.setdefault("loads", [])
+    same = [i for i, e in enumerate(loads) if e.get("load") == row["load"]]
+    if same:
+        loads[same[0]] = row
+    else:
+        loads.append(row)
+    write_json(res, results_path)
+    return row
+
+
 def parse_spans(text: Optional[str]) -> Optional[List[List[float]]]:
     """'0-480,60-270' -> [[0, 480], [60, 270]]."""
     if not text:
@@ -722,6 +790,9 @@ def main(argv: Optional[List[str]] = None) -> None:
     args, extra_flags = parse_args(argv)
     if args.merge:
         merge(args.merge, args.out, parse_spans(args.spans))
+        return
+    if args.add_row:
+        add_row(*args.add_row)
         return
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # cleanup runs in run()'s finally
     run(args, extra_flags, argv)

@@ -73,3 +73,36 @@ def test_a_merged_file_merges_again_with_other_spans(tmp_path):
     assert again["output_tok_s_ratio"] == first["output_tok_s_ratio"] == 1.5
     assert [r["span_s"] for r in again["spans"]] == [[10.0, 30.0]]
     assert again["spans"][0]["ratio"] == 1.5
+
+
+def test_a_merged_file_becomes_one_steady_state_row_of_the_results(tmp_path):
+    import json
+    files = []
+    for name, tok_s, flags in (("stock", 100.0, "--zipage-disable"),
+                               ("zipage", 150.0, "--zipage-mode fixed --kv-cache-dtype fp8_e4m3")):
+        run_doc = engine_run(tok_s, [30])
+        run_doc["load"].update(num_prompts=64, request_rate=8.0, input_len=512, output_len=8192)
+        doc = {**run_doc, "engine": name, "status": "done", "command": f"run {name}",
+               "commit": "0123456789abcdef", "bench_serving": {"completed": 7, "duration": 40.0},
+               "server": {"command": f"python -m sglang_zipage.launch_server {flags}"}}
+        doc["window"] = ss.window_metrics(doc["samples"], 20.0, 40.0)
+        files.append(tmp_path / f"{name}.json")
+        files[-1].write_text(json.dumps(doc))
+    merged = tmp_path / "steady-tiny.json"
+    windows = {f.stem: json.loads(f.read_text())["window"]["output_tok_s"] for f in files}
+    ratio = ss.merge([str(f) for f in files], str(merged))["output_tok_s_ratio"]
+    results = tmp_path / "throughput.json"
+    results.write_text(json.dumps({"loads": [{"load": "steady", "regime": "first-wave"}]}))
+    for _ in range(2):  # a second time replaces the row
+        ss.add_row(str(merged), str(results))
+    loads = json.loads(results.read_text())["loads"]
+    assert [e["load"] for e in loads] == ["steady", "poisson:rate=8:output_len=8192"]
+    row = loads[1]
+    assert (row["regime"], row["output_len"], row["ratio"]) == ("steady-state", 8192, ratio)
+    assert (row["stock_output_tok_s"], row["zipage_output_tok_s"]) == (windows["stock"],
+                                                                        windows["zipage"])
+    assert 1.45 < ratio < 1.55 and row["spans"][0]["ratio"] == 1.5
+    assert (row["zipage_mode"], row["kv_cache_dtype"]) == ("fixed", "fp8_e4m3")
+    assert row["zipage"]["commit"] == "0123456" and row["spec"]["num_requests"] == 64
+    assert row["stock"]["bench_serving"] == {"completed": 7}
+    assert row["source"].startswith("steady-tiny.json")
