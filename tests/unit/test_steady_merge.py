@@ -1,6 +1,7 @@
 """steady_state --merge: two single-engine runs are one load only if their load arguments
 match; a port and temporary paths (which every run has its own) do not count."""
 
+import json
 import sys
 from pathlib import Path
 
@@ -60,7 +61,6 @@ def test_spans_compare_both_engines_and_stop_at_the_window_end():
 
 
 def test_a_merged_file_merges_again_with_other_spans(tmp_path):
-    import json
     files = []
     for name, tok_s in (("stock", 100.0), ("zipage", 150.0)):
         doc = {**engine_run(tok_s, [30]), "engine": name, "status": "done",
@@ -76,7 +76,6 @@ def test_a_merged_file_merges_again_with_other_spans(tmp_path):
 
 
 def test_a_merged_file_becomes_one_steady_state_row_of_the_results(tmp_path):
-    import json
     files = []
     for name, tok_s, flags in (("stock", 100.0, "--zipage-disable"),
                                ("zipage", 150.0, "--zipage-mode fixed --kv-cache-dtype fp8_e4m3")):
