@@ -1,0 +1,247 @@
+"""Single-engine result files side by side, and a steady state as a row of the throughput table.
+
+First-wave files (bench_throughput.py) hold ``loads``: one entry per (load, sizes, variant),
+each with a ``stock`` and/or ``zipage`` result; ``merge_first_wave`` pairs the engines of
+several files entry by entry. Steady-state files (steady_state.py) hold one engine's run;
+``merge_steady`` puts runs side by side with their ratios, over the window and over other
+spans of the same runs; ``add_row`` puts a merged steady state into a first-wave file as its
+``"regime": "steady-state"`` row. Every merged file keeps the command and commit of what it
+was merged from, and a merged file merges again.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import shlex
+from typing import Dict, List, Optional
+
+from sglang_zipage.harness.loads import LoadSpec
+from sglang_zipage.harness.record import write_json
+from sglang_zipage.harness.windows import rnd, steady_window
+
+# ------------------------------------------------------------- first wave
+# Entries written before a key was recorded ran these (fixed was the mode's default until
+# issue 17 made it elastic).
+VARIANT_DEFAULTS = {"kv_cache_dtype": "auto", "zipage_mode": "fixed"}
+
+
+def load_entry(results: Dict, label: str, spec: LoadSpec, var: Dict) -> Dict:
+    """The entry of ``results["loads"]`` for (load, sizes, variant); a new one if none."""
+    for e in results["loads"]:
+        if (e["load"] == label and e["spec"] == dataclasses.asdict(spec)
+                and all(e.get(k, d) == var[k] for k, d in VARIANT_DEFAULTS.items())):
+            return e
+    # every load here submits all its requests at t=0: the first wave (steady_state.py
+    # measures staggered arrivals)
+    e = {"load": label, "spec": dataclasses.asdict(spec), **var, "regime": "first-wave",
+         "output_len": spec.output_len}
+    results["loads"].append(e)
+    return e
+
+
+def finish_entry(e: Dict) -> None:
+    """The entry's headline: both engines' output tok/s, their ratio, the compaction share."""
+    s, z = e.get("stock") or {}, e.get("zipage") or {}
+    e["stock_output_tok_s"] = s.get("output_tok_s")
+    e["zipage_output_tok_s"] = z.get("output_tok_s")
+    e["ratio"] = (round(z["output_tok_s"] / s["output_tok_s"], 3)
+                  if s.get("output_tok_s") and z.get("output_tok_s") else None)
+    e["compaction_share"] = z.get("compaction_share")
+
+
+def merge_first_wave(paths: List[str], out: str) -> Dict:
+    """Combine result files (e.g. one per engine) load by load; later files win."""
+    docs = [json.load(open(p)) for p in paths]
+    res = {k: v for k, v in docs[0].items() if k not in ("loads", "engines")}
+    sources = []  # a merged file passes its own sources on, so provenance survives re-merging
+    for p, d in zip(paths, docs):
+        sources += d.get("merged_from") or [{"path": p, "command": d.get("command"),
+                                             "commit": d.get("commit")}]
+    res.update(merged_from=sources, engines={}, loads=[])
+    for d in docs:
+        res["engines"].update(d.get("engines", {}))
+        for e in d.get("loads", []):
+            tgt = load_entry(res, e["load"], LoadSpec(**e["spec"]),
+                             {k: e.get(k, d) for k, d in VARIANT_DEFAULTS.items()})
+            for which in ("stock", "zipage"):
+                if which in e:
+                    # each engine's numbers keep the command and commit that measured them
+                    tgt[which] = {"command": e.get("command", d.get("command")),
+                                  "commit": e.get("commit", d.get("commit")), **e[which]}
+            finish_entry(tgt)
+    write_json(res, out)
+    return res
+
+
+# ----------------------------------------------------------- steady state
+BENCH_KEYS = ("completed", "duration", "total_output_tokens", "output_throughput",
+              "median_ttft_ms", "p99_ttft_ms", "median_tpot_ms", "p99_tpot_ms",
+              "median_itl_ms", "p99_itl_ms", "median_e2e_latency_ms", "concurrency")
+WINDOW_KEYS = ("output_tok_s", "mean_running_reqs", "mean_waiting_reqs", "mean_pool_use",
+               "retractions_per_min", "finished_per_min", "server_tpot_ms", "compaction_share")
+SPAN_KEYS = ("start_s", "end_s", "output_tok_s", "finished", "mean_running_reqs",
+             "min_running_reqs", "max_running_reqs", "mean_pool_use")
+RUN_SPECIFIC = ("--base-url", "--tokenizer", "--output-file")  # a port and temporary paths
+
+
+def steady_summary(doc: Dict) -> Dict:
+    """One steady-state run in a line: its window and bench_serving's report."""
+    w, b = doc.get("window") or {}, doc.get("bench_serving") or {}
+    return {"engine": doc["engine"], "status": doc["status"],
+            **{k: w.get(k) for k in WINDOW_KEYS},
+            "compactions": (w.get("zipage") or {}).get("compactions"),
+            "bench_serving": {k: rnd(b.get(k)) for k in BENCH_KEYS if k in b}}
+
+
+def ratio(z, s) -> Optional[float]:
+    return round(z / s, 3) if isinstance(z, (int, float)) and isinstance(s, (int, float)) and s else None
+
+
+def same_load(a: Optional[Dict], b: Optional[Dict]) -> Optional[bool]:
+    """Whether two runs had the same load, bench_serving's run-specific arguments aside."""
+    if not a or not b:
+        return None
+
+    def norm(load):
+        argv = list(load.get("bench_serving_argv") or [])
+        for flag in RUN_SPECIFIC:
+            if flag in argv and argv.index(flag) + 1 < len(argv):
+                argv[argv.index(flag) + 1] = "*"
+        return {**load, "bench_serving_argv": argv}
+    return norm(a) == norm(b)
+
+
+def compare(stock: Dict, zipage: Dict) -> Dict:
+    """zipage / stock for the window metrics and bench_serving's report."""
+    out = {}
+    for name, keys in (("window", WINDOW_KEYS), ("bench_serving", BENCH_KEYS)):
+        for k in keys:
+            s, z = (stock.get(name) or {}).get(k), (zipage.get(name) or {}).get(k)
+            out[f"{name}.{k}"] = {"stock": s, "zipage": z, "ratio": ratio(z, s)}
+    if same_load(stock.get("load"), zipage.get("load")) is False:
+        out["warning"] = "the two runs had different load arguments"
+    return out
+
+
+def compare_spans(stock: Dict, zipage: Dict, spans: List[List[float]]) -> List[Dict]:
+    """Both engines over other spans of the same runs (the window is one span of a run that
+    may move in waves; these say how much the ratio depends on where it is taken)."""
+    def until_abort(run):  # samples after the window end see the abort (all "finished")
+        end = (run.get("load") or {}).get("window_end_s", float("inf"))
+        return [x for x in run.get("samples") or [] if x.get("t_s") is not None and x["t_s"] <= end]
+
+    samples = [until_abort(stock), until_abort(zipage)]
+    rows = []
+    for start, end in spans:
+        s, z = ({k: m.get(k) for k in SPAN_KEYS} if "error" not in m else m
+                for m in (steady_window(smp, start, end) for smp in samples))
+        rows.append(dict(span_s=[start, end], stock=s, zipage=z,
+                         ratio=ratio(z.get("output_tok_s"), s.get("output_tok_s"))))
+    return rows
+
+
+def default_spans(stock: Dict) -> List[List[float]]:
+    """The whole load and the window."""
+    load = stock.get("load") or {}
+    start, end = load.get("window_start_s"), load.get("window_end_s")
+    return [[0.0, end], [start, end]] if end else []
+
+
+def parse_spans(text: Optional[str]) -> Optional[List[List[float]]]:
+    """'0-480,60-270' -> [[0, 480], [60, 270]]."""
+    if not text:
+        return None
+    return [[float(x) for x in part.split("-")] for part in text.split(",")]
+
+
+def merge_steady(paths: List[str], out: str, spans: Optional[List[List[float]]] = None) -> Dict:
+    """Single-engine files (or merged ones, whose engines are taken again) side by side."""
+    sources = []  # (path, single-engine doc)
+    for p in paths:
+        d = json.load(open(p))
+        if "engine" in d:
+            sources.append((p, d))
+        else:
+            origin = {m["engine"]: m["path"] for m in d.get("merged_from", [])}
+            sources += [(origin.get(name, p), e) for name, e in d.get("engines", {}).items()]
+    docs = [d for _, d in sources]
+    engines = {d["engine"]: d for d in docs}
+    res = dict(benchmark="steady_state (merged)",
+               merged_from=[dict(path=p, engine=d["engine"], command=d.get("command"),
+                                 commit=d.get("commit"), status=d.get("status"))
+                            for p, d in sources],
+               summary=[steady_summary(d) for d in docs], engines=engines)
+    if "stock" in engines and "zipage" in engines:
+        res["comparison"] = compare(engines["stock"], engines["zipage"])
+        res["output_tok_s_ratio"] = res["comparison"]["window.output_tok_s"]["ratio"]
+        res["spans"] = compare_spans(engines["stock"], engines["zipage"],
+                                     spans or default_spans(engines["stock"]))
+    write_json(res, out)
+    print("MERGED " + json.dumps({k: res.get(k) for k in ("summary", "output_tok_s_ratio")}), flush=True)
+    return res
+
+
+ROW_BENCH_KEYS = ("completed", "total_output_tokens", "output_throughput", "median_e2e_latency_ms",
+                  "median_ttft_ms", "p99_ttft_ms", "median_tpot_ms", "p99_tpot_ms",
+                  "median_itl_ms", "p99_itl_ms")
+ROW_WINDOW_KEYS = ("output_tok_s", "mean_running_reqs", "min_running_reqs", "max_running_reqs",
+                   "mean_waiting_reqs", "mean_pool_use", "retractions_per_min",
+                   "finished_per_min", "server_tpot_ms", "compaction_share")
+
+
+def flag_value(command: str, flag: str, default: str) -> str:
+    words = shlex.split(command or "")
+    return words[words.index(flag) + 1] if flag in words[:-1] else default
+
+
+def throughput_row(merged: Dict, source: str) -> Dict:
+    """A merged steady-state file as a row of bench_throughput's result file (its "loads"),
+    with "regime": "steady-state"; the time series stay in ``source``. The merged file's
+    hand-written "device_command" and "caveat" come along."""
+    engines, load = merged["engines"], merged["engines"]["stock"]["load"]
+
+    def engine(run):
+        w = run["window"]
+        return dict(command=run["command"], commit=(run.get("commit") or "")[:7],
+                    server_command=run["server"].get("command"),
+                    window_start_s=w["start_s"], window_end_s=w["end_s"],
+                    **{k: w.get(k) for k in ROW_WINDOW_KEYS},
+                    bench_serving={k: rnd(run["bench_serving"][k], 2) for k in ROW_BENCH_KEYS
+                                   if k in run["bench_serving"]})
+
+    stock, zipage = engine(engines["stock"]), engine(engines["zipage"])
+    zipage_cmd = zipage["server_command"]
+    return dict(
+        load=f"poisson:rate={load['request_rate']:g}:output_len={load['output_len']}",
+        spec=dict(name="poisson", num_requests=load["num_prompts"], input_len=load["input_len"],
+                  output_len=load["output_len"], shared_prefix_len=0, until="window",
+                  request_rate=load["request_rate"],
+                  arrivals=f"sglang.bench_serving --request-rate {load['request_rate']:g} "
+                           "(Poisson), random ids, ignore_eos"),
+        kv_cache_dtype=flag_value(zipage_cmd, "--kv-cache-dtype", "auto"),
+        zipage_mode=flag_value(zipage_cmd, "--zipage-mode", "elastic"),
+        stock=stock, zipage=zipage, stock_output_tok_s=stock["output_tok_s"],
+        zipage_output_tok_s=zipage["output_tok_s"], ratio=merged["output_tok_s_ratio"],
+        compaction_share=zipage["compaction_share"], regime="steady-state",
+        output_len=load["output_len"], source=f"{source} (time series, spans, notes)",
+        device_command=merged.get("device_command"), caveat=merged.get("caveat"),
+        spans=merged.get("spans"))
+
+
+def add_row(merged_path: str, results_path: str) -> Dict:
+    """Put a merged file's row into a bench_throughput result file, replacing the row of the
+    same load, and write it back."""
+    with open(merged_path) as f:
+        row = throughput_row(json.load(f), os.path.basename(merged_path))
+    with open(results_path) as f:
+        res = json.load(f)
+    loads = res.setdefault("loads", [])
+    same = [i for i, e in enumerate(loads) if e.get("load") == row["load"]]
+    if same:
+        loads[same[0]] = row
+    else:
+        loads.append(row)
+    write_json(res, results_path)
+    return row
