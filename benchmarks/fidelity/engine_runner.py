@@ -24,26 +24,20 @@ import sys
 import tempfile
 import time
 
-
-def zipage_engine_class():
-    from sglang_zipage import Engine
-
-    return Engine
+from sglang_zipage.harness import probe
 
 
 def zipage_state(engine):
     try:
-        info = engine.get_server_info()
-        return (info.get("internal_states") or [{}])[0].get("zipage")
+        return probe.zipage_state(engine)
     except Exception as e:  # the counters are informative only
         return {"error": repr(e)}
 
 
 def main(spec_path: str, out_path: str) -> None:
     spec = json.load(open(spec_path))
+    from sglang_zipage import Engine
     from sglang_zipage.forcing import ForceReference
-
-    Engine = zipage_engine_class()
 
     t0 = time.time()
     engine = Engine(**spec["engine_kwargs"])

@@ -40,9 +40,10 @@ import time
 from fractions import Fraction
 from typing import Dict, List, Optional
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-REPO = os.path.dirname(os.path.dirname(HERE))
-sys.path.insert(0, HERE)
+from sglang_zipage.harness.engines import parse_engine_args
+from sglang_zipage.harness.record import REPO, git_commit, gpu_name, versions
+
+VERSION_MODULES = ("sglang", "torch", "transformers", "triton", "sglang_zipage")
 
 PROMPT = ("Solve the following math problem step by step. Put your final answer in "
           "\\boxed{{}}.\n\n{problem}")
@@ -112,11 +113,11 @@ def is_correct(pred: Optional[str], answer: str) -> bool:
 
 # --------------------------------------------------------------------- worker
 def worker(spec_path: str, out_path: str) -> None:
-    from engine_runner import zipage_engine_class
+    from sglang_zipage import Engine
 
     spec = json.load(open(spec_path))
     t0 = time.time()
-    engine = zipage_engine_class()(**spec["engine_kwargs"])
+    engine = Engine(**spec["engine_kwargs"])
     start_s = time.time() - t0
     try:
         sp = {"temperature": spec["temperature"], "max_new_tokens": spec["max_new_tokens"]}
@@ -137,7 +138,7 @@ def worker(spec_path: str, out_path: str) -> None:
 # ----------------------------------------------------------------------- main
 def load_problems(path: Optional[str], n: Optional[int]) -> List[Dict]:
     if path is None:
-        from texts import load_numeric_problems
+        from sglang_zipage.harness.fidelity.texts import load_numeric_problems
 
         rows = load_numeric_problems()
     else:
@@ -192,8 +193,6 @@ def main(argv=None):
     if not torch.cuda.is_available():
         longest = max(len(tok(p)["input_ids"]) for p in prompts)
         base["max_total_tokens"] = len(prompts) * args.samples * (longest + args.max_new_tokens) + 1024
-    from run_fidelity import parse_engine_args
-
     base.update(parse_engine_args(args.engine_arg))
     configs = [] if args.no_full else [("full", {**base, "zipage_enabled": False})]
     for b in [int(x) for x in args.budgets.split(",") if x.strip()]:
@@ -238,11 +237,10 @@ def main(argv=None):
             r["length_inflation"] = r["mean_completion_tokens"] / runs["full"]["mean_completion_tokens"]
             r["pass_at_1_relative"] = (r["pass_at_1"] / runs["full"]["pass_at_1"]
                                        if runs["full"]["pass_at_1"] else None)
-    from run_fidelity import device_name, git_sha, versions
-
     out = {"name": "fidelity_math_eval", "command": " ".join([os.path.relpath(__file__, REPO)] + sys.argv[1:]),
-           "config": vars(args), "versions": versions(), "git_sha": git_sha(),
-           "device": device_name(), "prompt_template": PROMPT,
+           "config": vars(args), "versions": versions(VERSION_MODULES),
+           "git_sha": git_commit(dirty=True), "device": gpu_name(cpu=f"cpu ({os.cpu_count()} cores)"),
+           "prompt_template": PROMPT,
            "summary": {k: {x: v.get(x) for x in ("pass_at_1", "answer_found", "pass_at_1_lenient",
                                                  "mean_completion_tokens",
                                                  "length_inflation", "pass_at_1_relative")}

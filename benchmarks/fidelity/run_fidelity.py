@@ -8,7 +8,8 @@ What it measures
   gave each reference token before forcing it, and its top-1 token (forcing.py says how,
   and why SGLang's own returned logprobs cannot be used). Each compressed run is compared
   with the full-KV run of the same implementation over the steps after its first
-  compaction: NLL ratio (compressed / full) and top-1 agreement (metrics.py).
+  compaction: NLL ratio (compressed / full) and top-1 agreement
+  (sglang_zipage/harness/fidelity/metrics.py).
   Budgets: --budgets fractions of the continuation length (kv_budget = frac * cont_len
   tokens per KV head), buffer --buffer, window --window.
   Variants (cumulative): window = window attention only; +decay = plus the global score
@@ -18,7 +19,7 @@ What it measures
   Implementations: "engine" = sglang_zipage.Engine (the integrated path: hooks, kernels,
   attention backend), one process per configuration (engine_runner.py); "hf" = a plain
   transformers decode loop with the same per-head top-k eviction (hf_reference.py,
-  selection.py). The engine must lose nothing beyond what the algorithm loses: per variant,
+  selection.py in sglang_zipage/harness/fidelity/). The engine must lose nothing beyond what the algorithm loses: per variant,
   engine nll_ratio - hf nll_ratio, with a paired bootstrap over texts.
   Free running (engine): greedy generations from chat prompts, up to --free-max-new tokens,
   with and without compression: length inflation and word 4-gram repetition rate.
@@ -53,17 +54,17 @@ import dataclasses
 import gzip
 import json
 import os
-import shlex
 import subprocess
 import sys
 import time
 from typing import Dict, Optional
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-REPO = os.path.dirname(os.path.dirname(HERE))
-sys.path.insert(0, HERE)
+from sglang_zipage.harness.engines import parse_engine_args
+from sglang_zipage.harness.fidelity import metrics
+from sglang_zipage.harness.record import REPO, command_line, git_commit, gpu_name, versions
 
-import metrics  # noqa: E402
+HERE = os.path.dirname(os.path.abspath(__file__))
+VERSION_MODULES = ("sglang", "torch", "transformers", "triton", "sglang_zipage")
 
 # name -> (description, scoring parameters, selection policy)
 VARIANTS = {
@@ -102,19 +103,6 @@ PRESETS = {
                  hf_variants=SCORING + CONTROLS, n_free=12, free_max_new=1536),
 }
 
-
-
-def parse_engine_args(items) -> Dict:
-    """--engine-arg KEY=VALUE pairs as Engine keywords; VALUE is JSON when it parses."""
-    out = {}
-    for item in items:
-        k, _, v = item.partition("=")
-        try:
-            v = json.loads(v)
-        except ValueError:
-            pass
-        out[k] = v
-    return out
 
 def log(msg: str) -> None:
     print(f"[fidelity {time.strftime('%H:%M:%S')}] {msg}", flush=True)
@@ -281,39 +269,6 @@ def run_hf(args, ref, impl, name, ev, items) -> Dict:
 
 
 # ------------------------------------------------------------------- summary
-def versions() -> Dict:
-    out = {"python": sys.version.split()[0]}
-    for mod in ("sglang", "torch", "transformers", "triton", "sglang_zipage"):
-        try:
-            out[mod] = __import__(mod).__version__
-        except Exception as e:
-            out[mod] = f"unavailable: {e}"
-    return out
-
-
-def git_sha() -> Optional[str]:
-    """ZIPAGE_COMMIT when set (a copied checkout, e.g. on the GPU machine, may carry a stale
-    .git), else the checkout's HEAD."""
-    if os.environ.get("ZIPAGE_COMMIT"):
-        return os.environ["ZIPAGE_COMMIT"]
-    try:
-        sha = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True,
-                             text=True, timeout=10, check=True).stdout.strip()
-        dirty = subprocess.run(["git", "status", "--porcelain"], cwd=REPO, capture_output=True,
-                               text=True, timeout=10).stdout.strip()
-        return sha + ("+dirty" if dirty else "")
-    except Exception:
-        return None
-
-
-def device_name() -> str:
-    import torch
-
-    if torch.cuda.is_available():
-        return torch.cuda.get_device_name(0)
-    return f"cpu ({os.cpu_count()} cores)"
-
-
 def summarize(args, items, runs_by_impl: Dict[str, Dict[str, Dict]], free_items) -> Dict:
     """runs_by_impl: {"engine": {...}, "hf": {...}, "hf-bfloat16": {...}}, each name -> run."""
     refs = {it.id: it.ref_ids for it in items}
@@ -322,8 +277,8 @@ def summarize(args, items, runs_by_impl: Dict[str, Dict[str, Dict]], free_items)
     full = {impl: runs.get("full") for impl, runs in runs_by_impl.items()}
     checks = ({"engine_forced_tokens_emitted": True, "engine_steps_equal_output_len": True,
                "engine_schedule_matches_formula": True} if engine_runs else {})
-    from hf_reference import compactions_before
-    from selection import Eviction
+    from sglang_zipage.harness.fidelity.hf_reference import compactions_before
+    from sglang_zipage.harness.fidelity.selection import Eviction
 
     for impl, runs in runs_by_impl.items():
         for name, run in runs.items():
@@ -389,10 +344,10 @@ def summarize(args, items, runs_by_impl: Dict[str, Dict[str, Dict]], free_items)
         "label": (f"{args.preset} preset: {len(items)} texts x {args.cont_len} forced tokens, "
                   f"budgets {args.budgets}, engine variants {args.engine_variants}, "
                   f"HF variants {args.hf_variants}"),
-        "command": args.record_command or " ".join(
-            shlex.quote(x) for x in [os.path.relpath(sys.argv[0], REPO)] + sys.argv[1:]),
+        "command": args.record_command or command_line(prog=os.path.relpath(sys.argv[0], REPO)),
         "config": {k: v for k, v in vars(args).items() if k not in ("out", "raw_out", "png")},
-        "versions": versions(), "git_sha": git_sha(), "device": device_name(),
+        "versions": versions(VERSION_MODULES), "git_sha": git_commit(dirty=True),
+        "device": gpu_name(cpu=f"cpu ({os.cpu_count()} cores)"),
         "engine_selection_knob": engine_has_selection(),
         "variants": {k: {"description": d, **p, "policy": pol} for k, (d, p, pol) in VARIANTS.items()},
         "texts": [{"id": it.id, "kind": it.kind, "title": it.title,
@@ -489,7 +444,7 @@ def main(argv=None):
     os.makedirs(args.workdir, exist_ok=True)
     from transformers import AutoTokenizer
     from sglang_zipage.model import bundled_model_path
-    from texts import load_items
+    from sglang_zipage.harness.fidelity.texts import load_items
 
     model_path = bundled_model_path()
     tok = AutoTokenizer.from_pretrained(model_path)
@@ -530,8 +485,8 @@ def main(argv=None):
     runs_by_impl = {"engine": engine_runs} if engine_runs else {}
     if not args.skip_hf:
         import torch
-        from hf_reference import HFReference
-        from selection import Eviction
+        from sglang_zipage.harness.fidelity.hf_reference import HFReference
+        from sglang_zipage.harness.fidelity.selection import Eviction
 
         if args.hf_threads or args.hf_device == "cpu":
             torch.set_num_threads(args.hf_threads or 1)
@@ -569,9 +524,9 @@ def main(argv=None):
     print_table(summary)
     log(f"wrote {args.out} and {args.raw_out}")
     if args.png:
-        from plot_fidelity import plot
-
-        plot(summary, args.png)
+        # benchmarks/fidelity/plot_fidelity.py, in its own process (it needs matplotlib)
+        subprocess.run([sys.executable, os.path.join(HERE, "plot_fidelity.py"), args.out, args.png],
+                       check=True)
         log(f"wrote {args.png}")
 
 

@@ -1,6 +1,7 @@
-"""Smoke test of the fidelity benchmark (benchmarks/fidelity), CPU only, a few seconds.
+"""Smoke test of the fidelity benchmark (benchmarks/fidelity; its shared pieces in
+sglang_zipage/harness/fidelity), CPU only, a few seconds.
 
-- The HF reference's eviction ranking (benchmarks/fidelity/selection.py, written from the
+- The HF reference's eviction ranking (harness/fidelity/selection.py, written from the
   algorithm's description) equals sglang_zipage.scoring.score_tokens on random inputs,
   for every scoring variant: so engine-vs-reference differences measure the integration.
 - The HF reference's hand-written decode loop gives the transformers model's own
@@ -11,19 +12,14 @@ Run: .venv/bin/python -m pytest tests/unit/test_fidelity_smoke.py -q
 """
 
 import json
-import os
-import sys
 from types import SimpleNamespace
 
 import pytest
 import torch
 
-FID = os.path.join(os.path.dirname(__file__), "..", "..", "benchmarks", "fidelity")
-sys.path.insert(0, os.path.abspath(FID))
-
-import metrics  # noqa: E402
-from hf_reference import HFReference, compactions_before  # noqa: E402
-from selection import Eviction, rank_scores, select  # noqa: E402
+from sglang_zipage.harness.fidelity import metrics
+from sglang_zipage.harness.fidelity.hf_reference import HFReference, compactions_before
+from sglang_zipage.harness.fidelity.selection import Eviction, rank_scores, select
 
 
 @pytest.fixture(autouse=True)
@@ -124,7 +120,7 @@ def test_metrics_toy_case():
 
 
 def test_committed_texts_cover_the_full_set():
-    from texts import load_raw, load_numeric_problems
+    from sglang_zipage.harness.fidelity.texts import load_numeric_problems, load_raw
 
     raw = load_raw()
     assert len(raw) >= 10 and {t["kind"] for t in raw} == {"english", "math"}

@@ -1,4 +1,5 @@
-"""The benchmark's texts (texts/texts.json, listed in TEXTS.md) cut into token windows.
+"""The fidelity benchmark's texts (benchmarks/fidelity/texts/texts.json, listed in
+benchmarks/fidelity/TEXTS.md) cut into token windows.
 
 Every text becomes prompt = its first `prompt_len` tokens and reference = the next
 `cont_len` tokens, so all texts share one length (the HF reference batches them and every
@@ -13,9 +14,11 @@ import os
 from dataclasses import dataclass
 from typing import List
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-TEXTS_JSON = os.path.join(HERE, "texts", "texts.json")
-NUMERIC_JSONL = os.path.join(HERE, "texts", "champ_numeric.jsonl")
+from sglang_zipage.harness.record import REPO
+
+TEXTS_DIR = os.path.join(REPO, "benchmarks", "fidelity", "texts")
+TEXTS_JSON = os.path.join(TEXTS_DIR, "texts.json")
+NUMERIC_JSONL = os.path.join(TEXTS_DIR, "champ_numeric.jsonl")
 
 
 @dataclass

@@ -31,7 +31,7 @@ from typing import Dict, List, Optional
 import torch
 import torch.nn.functional as F
 
-from selection import Eviction, rank_scores, select
+from sglang_zipage.harness.fidelity.selection import Eviction, rank_scores, select
 
 
 def compactions_before(step: int, ev: Optional[Eviction]) -> int:

@@ -1,9 +1,10 @@
 """Which decode tokens to keep: the eviction policy of the HF reference, in plain torch.
 
 Written from the algorithm's description (shared/design/zipage-algorithm.md and the stage
-list in sglang_zipage/scoring.py), not by calling sglang_zipage, so that comparing the
-engine with the HF reference checks the integration and the kernels at once. The smoke test
-(tests/unit/test_fidelity_smoke.py) checks that both compute the same ranking.
+list in sglang_zipage/scoring.py), not by calling the engine's scoring or kernels, so
+that comparing the engine with the HF reference checks the integration and the kernels at
+once. The smoke test (tests/unit/test_fidelity_smoke.py) checks that both compute the same
+ranking.
 
 One call scores one layer of a batch whose rows share one compressible length S (the
 benchmark gives every text the same prompt and continuation lengths, so every row hits its
