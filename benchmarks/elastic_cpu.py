@@ -22,17 +22,13 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shlex
 import sys
 import tempfile
 import time
 from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE.parent / "tests" / "e2e"))
-from zipage_server import STRICT_MEM_ENV, Server  # noqa: E402
-
-from bench_throughput import git_commit  # noqa: E402
+from sglang_zipage.harness.record import command_line, git_commit
+from sglang_zipage.harness.server import STRICT_MEM_ENV, Server
 
 BUDGET, BUFFER = 64, 16  # the elastic server's --zipage-kv-budget / --zipage-buffer
 META = ("prompt_tokens", "completion_tokens", "num_retractions", "zipage_compactions",
@@ -53,7 +49,7 @@ def run(args) -> dict:
     prompt = list(range(1000, 1000 + args.prompt_tokens))
     neighbours = [list(range(2000 + 40 * i, 2000 + 40 * i + args.prompt_tokens))
                   for i in range(args.neighbours)]
-    res = {"command": " ".join(shlex.quote(a) for a in ["benchmarks/elastic_cpu.py", *sys.argv[1:]]),
+    res = {"command": command_line(prog="benchmarks/elastic_cpu.py"),
            "commit": git_commit(), "machine": f"CPU, {os.cpu_count()} cores, no GPU",
            "settings": {k: v for k, v in vars(args).items() if k != "out"}}
     t0 = time.perf_counter()

@@ -88,25 +88,19 @@ import signal
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 import traceback
-import types
 from typing import Dict, List, Optional
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-REPO = os.path.dirname(HERE)
-sys.path[:0] = [HERE, os.path.join(REPO, "tests", "e2e")]
-from bench_throughput import (git_commit, server_info, tiny_model_dir, vocab_size,  # noqa: E402
-                              write_json)
-from soak import get_json, load_snapshot, zipage_state  # noqa: E402
-from throughput_load import log, rnd, zipage_progress  # noqa: E402
-from zipage_server import Server  # noqa: E402
+from sglang_zipage.harness import probe
+from sglang_zipage.harness.engines import DEFAULT_MODEL, TINY_NAME, model_config, tiny_model_dir, vocab_size
+from sglang_zipage.harness.merge import WINDOW_KEYS, add_row, merge_steady, parse_spans, steady_summary
+from sglang_zipage.harness.record import REPO, command_line, git_commit, write_json
+from sglang_zipage.harness.server import OFFLINE_ENV, Server, stop_process
+from sglang_zipage.harness.windows import Sampler, log, progress_line, steady_window, with_times
 
-DEFAULT_MODEL = os.path.join(REPO, "benchmarks", "models", "qwen3-8b-dummy")
 CHILD = "bench-serving-child"
 NO_TOKEN_ERROR = "no output token before the window end (aborted while queued)"
-OFFLINE_ENV = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
 # sample key -> (Prometheus sample name, labels it must carry); summed over matching samples
 PROM_COUNTERS = {
     "decode_tokens": ("sglang:realtime_tokens_total", {"mode": "decode"}),
@@ -117,11 +111,6 @@ PROM_COUNTERS = {
 }
 ZIPAGE_KEYS = ("compactions", "pressure_compactions", "compaction_batches", "compaction_gpu_ms",
                "compaction_ms", "tokens_evicted", "running_compressed_requests")
-BENCH_KEYS = ("completed", "duration", "total_output_tokens", "output_throughput",
-              "median_ttft_ms", "p99_ttft_ms", "median_tpot_ms", "p99_tpot_ms",
-              "median_itl_ms", "p99_itl_ms", "median_e2e_latency_ms", "concurrency")
-WINDOW_KEYS = ("output_tok_s", "mean_running_reqs", "mean_waiting_reqs", "mean_pool_use",
-               "retractions_per_min", "finished_per_min", "server_tpot_ms", "compaction_share")
 NOTES = {
     "output_tok_s": "sglang:realtime_tokens_total{mode=decode} difference / window span: "
                     "every output token but each request's first (made by its prefill)",
@@ -168,7 +157,7 @@ def parse_args(argv: List[str]):
     a("--load-start-timeout-s", type=float, default=600.0, help="until the first arrival")
     a("--drain-timeout-s", type=float, default=180.0,
       help="after the window: until bench_serving has written its report")
-    a("--commit", default=None, help="default: git rev-parse HEAD, else $ZIPAGE_COMMIT")
+    a("--commit", default=None, help="default: $ZIPAGE_COMMIT, else git rev-parse HEAD")
     a("--out", default="steady_state.json")
     a("--merge", nargs="+", metavar="JSON", help="merge single-engine (or merged) files into --out")
     a("--add-row", nargs=2, metavar=("MERGED", "RESULTS"), help="put a merged file's numbers "
@@ -213,143 +202,7 @@ def server_flags_for(args, model_dir: str, tokenizer_dir: str, extra: List[str])
 
 
 def server_summary(url: str) -> Dict:
-    info = get_json(url, "/server_info")
-    # bench_throughput.server_info reads an engine's get_server_info(); /server_info is the same dict
-    return server_info(types.SimpleNamespace(get_server_info=lambda: info))
-
-
-# ------------------------------------------------------------------ sampling
-def prometheus_counters(url: str) -> Dict[str, float]:
-    from prometheus_client.parser import text_string_to_metric_families
-    import requests
-
-    text = requests.get(url + "/metrics", timeout=30).text
-    out = {key: 0.0 for key in PROM_COUNTERS}  # a labelled counter appears on first use
-    for family in text_string_to_metric_families(text):
-        for s in family.samples:
-            for key, (name, labels) in PROM_COUNTERS.items():
-                if s.name == name and all(s.labels.get(k) == v for k, v in labels.items()):
-                    out[key] += s.value
-    return out
-
-
-def loads_part(url: str) -> Dict:
-    load = load_snapshot(url)
-    return dict(running_reqs=load["num_running_reqs"], waiting_reqs=load["num_waiting_reqs"],
-                used_tokens=load["num_used_tokens"], pool_tokens=load["max_total_num_tokens"])
-
-
-def zipage_part(url: str) -> Dict:
-    z = zipage_state(url)
-    return {} if z is None else {"zipage": {k: z.get(k) for k in ZIPAGE_KEYS}}
-
-
-def take_sample(url: str) -> Dict:
-    s = {"epoch": round(time.time(), 3)}
-    for part in (prometheus_counters, loads_part, zipage_part):
-        try:
-            s.update(part(url))
-        except Exception as e:  # keep sampling; the window skips incomplete samples
-            s.setdefault("errors", []).append(f"{part.__name__}: {e!r}"[:200])
-    return s
-
-
-class Sampler(threading.Thread):
-    """Samples every interval into ``samples``; ``sample_now()`` adds one at once."""
-
-    def __init__(self, url: str, interval_s: float):
-        super().__init__(daemon=True)
-        self.url, self.interval_s = url, interval_s
-        self.samples: List[Dict] = []
-        # not _stop: threading.Thread has a method of that name
-        self._lock, self._halt = threading.Lock(), threading.Event()
-
-    def sample_now(self) -> Dict:
-        with self._lock:
-            s = take_sample(self.url)
-            self.samples.append(s)
-            return s
-
-    def run(self) -> None:
-        next_t = time.time()
-        while not self._halt.is_set():
-            self.sample_now()
-            next_t = max(next_t + self.interval_s, time.time())
-            self._halt.wait(next_t - time.time())
-
-    def stop(self) -> None:
-        self._halt.set()
-        self.join(timeout=60)
-
-
-# ------------------------------------------------------------------ window
-def with_times(samples: List[Dict], t0: Optional[float]) -> List[Dict]:
-    return [{"t_s": None if t0 is None else round(s["epoch"] - t0, 3), **s} for s in samples]
-
-
-def mean_of(samples: List[Dict], key: str, nd: int = 1) -> Optional[float]:
-    xs = [s[key] for s in samples if s.get(key) is not None]
-    return rnd(sum(xs) / len(xs), nd) if xs else None
-
-
-def zipage_window(a: Dict, b: Dict, inside: List[Dict], span: float) -> Dict:
-    za, zb = a["zipage"], b["zipage"]
-
-    def d(key):
-        return (zb.get(key) or 0) - (za.get(key) or 0)
-
-    compressed = [s["zipage"].get("running_compressed_requests") for s in inside if "zipage" in s]
-    return dict(compactions=d("compactions"), compactions_per_s=rnd(d("compactions") / span),
-                pressure_compactions=d("pressure_compactions"),
-                compaction_gpu_ms=rnd(d("compaction_gpu_ms"), 1),
-                compaction_share=rnd(d("compaction_gpu_ms") / (span * 1e3), 4),
-                compaction_launch_share=rnd(d("compaction_ms") / (span * 1e3), 4),
-                tokens_evicted=d("tokens_evicted"),
-                mean_compressed_running_reqs=rnd(sum(x or 0 for x in compressed) / len(compressed), 1)
-                if compressed else None)
-
-
-def window_metrics(samples: List[Dict], lo_s: float, hi_s: float) -> Dict:
-    """Rates between the first and the last complete sample with lo_s <= t_s <= hi_s."""
-    slack = 0.5
-    inside = [s for s in samples if s["t_s"] is not None and "decode_tokens" in s
-              and lo_s - slack <= s["t_s"] <= hi_s + slack]
-    if len(inside) < 2:
-        return {"error": f"fewer than 2 samples in [{lo_s}, {hi_s}] s"}
-    a, b = inside[0], inside[-1]
-    span = b["t_s"] - a["t_s"]
-    pool = [dict(use=s["used_tokens"] / s["pool_tokens"]) for s in inside if s.get("pool_tokens")]
-    out = dict(start_s=a["t_s"], end_s=b["t_s"], span_s=round(span, 3), samples=len(inside),
-               output_tokens=b["decode_tokens"] - a["decode_tokens"],
-               output_tok_s=rnd((b["decode_tokens"] - a["decode_tokens"]) / span, 1),
-               prefill_tok_s=rnd((b["prefill_tokens"] - a["prefill_tokens"]) / span, 1),
-               mean_running_reqs=mean_of(inside, "running_reqs"),
-               min_running_reqs=min((s["running_reqs"] for s in inside if "running_reqs" in s), default=None),
-               max_running_reqs=max((s["running_reqs"] for s in inside if "running_reqs" in s), default=None),
-               mean_waiting_reqs=mean_of(inside, "waiting_reqs"),
-               mean_pool_use=mean_of(pool, "use", 4),
-               retractions=b["retractions"] - a["retractions"],
-               retractions_per_min=rnd(60 * (b["retractions"] - a["retractions"]) / span),
-               retracted_output_tokens=b["retracted_output_tokens"] - a["retracted_output_tokens"],
-               finished=b["finished_requests"] - a["finished_requests"],
-               finished_per_min=rnd(60 * (b["finished_requests"] - a["finished_requests"]) / span))
-    if out["output_tok_s"] and out["mean_running_reqs"]:
-        out["server_tpot_ms"] = rnd(1e3 * out["mean_running_reqs"] / out["output_tok_s"])
-    if "zipage" in a and "zipage" in b:
-        out["zipage"] = zipage_window(a, b, inside, span)
-        out["compaction_share"] = out["zipage"]["compaction_share"]
-    return out
-
-
-def progress_line(prev: Dict, s: Dict) -> str:
-    rate = None
-    if prev and "decode_tokens" in prev and "decode_tokens" in s and s["epoch"] > prev["epoch"]:
-        rate = (s["decode_tokens"] - prev["decode_tokens"]) / (s["epoch"] - prev["epoch"])
-    use = s["used_tokens"] / s["pool_tokens"] if s.get("pool_tokens") else None
-    return (f"t={s['t_s']}s tok/s={rnd(rate, 1)} running={s.get('running_reqs')} "
-            f"waiting={s.get('waiting_reqs')} pool_use={rnd(use, 3)} retractions="
-            f"{s.get('retractions')} finished={s.get('finished_requests')}{zipage_progress(s)}"
-            + (f" errors={s['errors']}" if s.get("errors") else ""))
+    return probe.info_summary(probe.server_info(url))
 
 
 # ------------------------------------------------------------ bench_serving
@@ -428,17 +281,6 @@ def read_report(path: str) -> Optional[Dict]:
     return report
 
 
-def stop_process(proc, grace_s: float = 15.0) -> None:
-    if proc is None or proc.poll() is not None:
-        return
-    proc.terminate()
-    try:
-        proc.wait(timeout=grace_s)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait(timeout=grace_s)
-
-
 # ------------------------------------------------------------------ the run
 class Run:
     """One engine under load: server, sampler, bench_serving child, and the JSON document."""
@@ -453,14 +295,11 @@ class Run:
         self.server = self.sampler = self.child = None
         self.t0: Optional[float] = None
         self.t_start = time.time()
-        with open(os.path.join(self.model_dir, "config.json")) as f:
-            model_config = json.load(f)
         self.doc = dict(benchmark="steady_state", status="starting", engine=args.engine,
-                        command=" ".join(shlex.quote(x) for x in [sys.argv[0], *argv]),
-                        commit=args.commit or git_commit(), started=time.strftime("%Y-%m-%d %H:%M:%S"),
-                        model_dir=("tiny (bench_throughput.tiny_model_dir)" if args.tiny
-                                   else self.model_dir),
-                        model_config=model_config, notes=NOTES,
+                        command=command_line(argv), commit=args.commit or git_commit(),
+                        started=time.strftime("%Y-%m-%d %H:%M:%S"),
+                        model_dir=f"tiny ({TINY_NAME})" if args.tiny else self.model_dir,
+                        model_config=model_config(self.model_dir), notes=NOTES,
                         load=dict(num_prompts=args.num_prompts, request_rate=args.request_rate,
                                   input_len=args.input_len, output_len=args.output_len,
                                   range_ratio=args.range_ratio, max_concurrency=args.max_concurrency,
@@ -477,12 +316,11 @@ class Run:
         self.server = Server(flags, self.base + "-server.log", env=OFFLINE_ENV,
                              ready_timeout=self.args.server_timeout_s)
         self.doc["server"] = dict(
-            command=" ".join(["python", "-m", "sglang_zipage.launch_server", "--host", "127.0.0.1",
-                              "--port", str(self.server.port), *map(shlex.quote, flags)]),
+            command=command_line(self.server.command()[1:], prog="python"),
             extra_flags=self.extra_flags, ready_s=round(time.time() - t, 1),
             log=self.base + "-server.log", info=server_summary(self.server.url))
         log(f"server ready in {self.doc['server']['ready_s']} s at {self.server.url}")
-        self.sampler = Sampler(self.server.url, self.args.sample_interval_s)
+        self.sampler = Sampler(self.server.url, self.args.sample_interval_s, ZIPAGE_KEYS, PROM_COUNTERS)
         self.sampler.start()
 
     def start_load(self) -> None:
@@ -557,15 +395,15 @@ class Run:
         raise RuntimeError(f"bench_serving exited with {code}; see {self.base}-bench_serving.log")
 
     def window(self) -> Dict:
-        return window_metrics(with_times(list(self.sampler.samples), self.t0),
-                              self.args.window_start_s, self.args.window_end_s)
+        return steady_window(with_times(list(self.sampler.samples), self.t0),
+                             self.args.window_start_s, self.args.window_end_s)
 
     def print_progress(self) -> None:
         samples = with_times(list(self.sampler.samples[-12:]), self.t0)
         if samples:
             back = max(1, min(len(samples) - 1, round(self.args.progress_s / self.args.sample_interval_s)))
-            print(f"[{self.args.engine}] " + progress_line(samples[-1 - back] if len(samples) > 1 else None,
-                                                           samples[-1]), flush=True)
+            print(progress_line(self.args.engine, samples[-1 - back] if len(samples) > 1 else None,
+                                samples[-1]), flush=True)
 
     def save(self) -> None:
         if self.sampler is not None:
@@ -610,176 +448,8 @@ def run(args, extra_flags: List[str], argv: List[str]) -> Dict:
     finally:
         r.close()
     log(f"wrote {args.out} (status {r.doc['status']})")
-    print("SUMMARY " + json.dumps(summary(r.doc)), flush=True)
+    print("SUMMARY " + json.dumps(steady_summary(r.doc)), flush=True)
     return r.doc
-
-
-def summary(doc: Dict) -> Dict:
-    w, b = doc.get("window") or {}, doc.get("bench_serving") or {}
-    return {"engine": doc["engine"], "status": doc["status"],
-            **{k: w.get(k) for k in WINDOW_KEYS},
-            "compactions": (w.get("zipage") or {}).get("compactions"),
-            "bench_serving": {k: rnd(b.get(k)) for k in BENCH_KEYS if k in b}}
-
-
-# ------------------------------------------------------------------ merge
-def ratio(z, s) -> Optional[float]:
-    return round(z / s, 3) if isinstance(z, (int, float)) and isinstance(s, (int, float)) and s else None
-
-
-RUN_SPECIFIC = ("--base-url", "--tokenizer", "--output-file")  # a port and temporary paths
-
-
-def same_load(a: Optional[Dict], b: Optional[Dict]) -> Optional[bool]:
-    """Whether two runs had the same load, bench_serving's run-specific arguments aside."""
-    if not a or not b:
-        return None
-
-    def norm(load):
-        argv = list(load.get("bench_serving_argv") or [])
-        for flag in RUN_SPECIFIC:
-            if flag in argv and argv.index(flag) + 1 < len(argv):
-                argv[argv.index(flag) + 1] = "*"
-        return {**load, "bench_serving_argv": argv}
-    return norm(a) == norm(b)
-
-
-def compare(stock: Dict, zipage: Dict) -> Dict:
-    """zipage / stock for the window metrics and bench_serving's report."""
-    out = {}
-    for name, keys in (("window", WINDOW_KEYS), ("bench_serving", BENCH_KEYS)):
-        for k in keys:
-            s, z = (stock.get(name) or {}).get(k), (zipage.get(name) or {}).get(k)
-            out[f"{name}.{k}"] = {"stock": s, "zipage": z, "ratio": ratio(z, s)}
-    if same_load(stock.get("load"), zipage.get("load")) is False:
-        out["warning"] = "the two runs had different load arguments"
-    return out
-
-
-SPAN_KEYS = ("start_s", "end_s", "output_tok_s", "finished", "mean_running_reqs",
-             "min_running_reqs", "max_running_reqs", "mean_pool_use")
-
-
-def compare_spans(stock: Dict, zipage: Dict, spans: List[List[float]]) -> List[Dict]:
-    """Both engines over other spans of the same runs (the window is one span of a run that
-    may move in waves; these say how much the ratio depends on where it is taken)."""
-    def until_abort(run):  # samples after the window end see the abort (all "finished")
-        end = (run.get("load") or {}).get("window_end_s", float("inf"))
-        return [x for x in run.get("samples") or [] if x.get("t_s") is not None and x["t_s"] <= end]
-
-    samples = [until_abort(stock), until_abort(zipage)]
-    rows = []
-    for start, end in spans:
-        s, z = ({k: m.get(k) for k in SPAN_KEYS} if "error" not in m else m
-                for m in (window_metrics(smp, start, end) for smp in samples))
-        rows.append(dict(span_s=[start, end], stock=s, zipage=z,
-                         ratio=ratio(z.get("output_tok_s"), s.get("output_tok_s"))))
-    return rows
-
-
-def default_spans(stock: Dict) -> List[List[float]]:
-    """The whole load and the window."""
-    load = stock.get("load") or {}
-    start, end = load.get("window_start_s"), load.get("window_end_s")
-    return [[0.0, end], [start, end]] if end else []
-
-
-def merge(paths: List[str], out: str, spans: Optional[List[List[float]]] = None) -> Dict:
-    """Single-engine files (or merged ones, whose engines are taken again) side by side."""
-    sources = []  # (path, single-engine doc)
-    for p in paths:
-        d = json.load(open(p))
-        if "engine" in d:
-            sources.append((p, d))
-        else:
-            origin = {m["engine"]: m["path"] for m in d.get("merged_from", [])}
-            sources += [(origin.get(name, p), e) for name, e in d.get("engines", {}).items()]
-    docs = [d for _, d in sources]
-    engines = {d["engine"]: d for d in docs}
-    res = dict(benchmark="steady_state (merged)",
-               merged_from=[dict(path=p, engine=d["engine"], command=d.get("command"),
-                                 commit=d.get("commit"), status=d.get("status"))
-                            for p, d in sources],
-               summary=[summary(d) for d in docs], engines=engines)
-    if "stock" in engines and "zipage" in engines:
-        res["comparison"] = compare(engines["stock"], engines["zipage"])
-        res["output_tok_s_ratio"] = res["comparison"]["window.output_tok_s"]["ratio"]
-        res["spans"] = compare_spans(engines["stock"], engines["zipage"],
-                                     spans or default_spans(engines["stock"]))
-    write_json(res, out)
-    print("MERGED " + json.dumps({k: res.get(k) for k in ("summary", "output_tok_s_ratio")}), flush=True)
-    return res
-
-
-ROW_BENCH_KEYS = ("completed", "total_output_tokens", "output_throughput", "median_e2e_latency_ms",
-                  "median_ttft_ms", "p99_ttft_ms", "median_tpot_ms", "p99_tpot_ms",
-                  "median_itl_ms", "p99_itl_ms")
-ROW_WINDOW_KEYS = ("output_tok_s", "mean_running_reqs", "min_running_reqs", "max_running_reqs",
-                   "mean_waiting_reqs", "mean_pool_use", "retractions_per_min",
-                   "finished_per_min", "server_tpot_ms", "compaction_share")
-
-
-def flag_value(command: str, flag: str, default: str) -> str:
-    words = shlex.split(command or "")
-    return words[words.index(flag) + 1] if flag in words[:-1] else default
-
-
-def throughput_row(merged: Dict, source: str) -> Dict:
-    """A merged steady-state file as a row of bench_throughput's result file (its "loads"),
-    with "regime": "steady-state"; the time series stay in ``source``. The merged file's
-    hand-written "device_command" and "caveat" come along."""
-    engines, load = merged["engines"], merged["engines"]["stock"]["load"]
-
-    def engine(run):
-        w = run["window"]
-        return dict(command=run["command"], commit=(run.get("commit") or "")[:7],
-                    server_command=run["server"].get("command"),
-                    window_start_s=w["start_s"], window_end_s=w["end_s"],
-                    **{k: w.get(k) for k in ROW_WINDOW_KEYS},
-                    bench_serving={k: rnd(run["bench_serving"][k], 2) for k in ROW_BENCH_KEYS
-                                   if k in run["bench_serving"]})
-
-    stock, zipage = engine(engines["stock"]), engine(engines["zipage"])
-    zipage_cmd = zipage["server_command"]
-    return dict(
-        load=f"poisson:rate={load['request_rate']:g}:output_len={load['output_len']}",
-        spec=dict(name="poisson", num_requests=load["num_prompts"], input_len=load["input_len"],
-                  output_len=load["output_len"], shared_prefix_len=0, until="window",
-                  request_rate=load["request_rate"],
-                  arrivals=f"sglang.bench_serving --request-rate {load['request_rate']:g} "
-                           "(Poisson), random ids, ignore_eos"),
-        kv_cache_dtype=flag_value(zipage_cmd, "--kv-cache-dtype", "auto"),
-        zipage_mode=flag_value(zipage_cmd, "--zipage-mode", "elastic"),
-        stock=stock, zipage=zipage, stock_output_tok_s=stock["output_tok_s"],
-        zipage_output_tok_s=zipage["output_tok_s"], ratio=merged["output_tok_s_ratio"],
-        compaction_share=zipage["compaction_share"], regime="steady-state",
-        output_len=load["output_len"], source=f"{source} (time series, spans, notes)",
-        device_command=merged.get("device_command"), caveat=merged.get("caveat"),
-        spans=merged.get("spans"))
-
-
-def add_row(merged_path: str, results_path: str) -> Dict:
-    """Put a merged file's row into a bench_throughput result file, replacing the row of the
-    same load, and write it back."""
-    with open(merged_path) as f:
-        row = throughput_row(json.load(f), os.path.basename(merged_path))
-    with open(results_path) as f:
-        res = json.load(f)
-    loads = res.setdefault("loads", [])
-    same = [i for i, e in enumerate(loads) if e.get("load") == row["load"]]
-    if same:
-        loads[same[0]] = row
-    else:
-        loads.append(row)
-    write_json(res, results_path)
-    return row
-
-
-def parse_spans(text: Optional[str]) -> Optional[List[List[float]]]:
-    """'0-480,60-270' -> [[0, 480], [60, 270]]."""
-    if not text:
-        return None
-    return [[float(x) for x in part.split("-")] for part in text.split(",")]
 
 
 def main(argv: Optional[List[str]] = None) -> None:
@@ -789,7 +459,7 @@ def main(argv: Optional[List[str]] = None) -> None:
         return
     args, extra_flags = parse_args(argv)
     if args.merge:
-        merge(args.merge, args.out, parse_spans(args.spans))
+        merge_steady(args.merge, args.out, parse_spans(args.spans))
         return
     if args.add_row:
         add_row(*args.add_row)

@@ -1,12 +1,11 @@
-"""steady_state --merge: two single-engine runs are one load only if their load arguments
-match; a port and temporary paths (which every run has its own) do not count."""
+"""steady_state --merge (sglang_zipage.harness.merge): two single-engine runs are one load only
+if their load arguments match; a port and temporary paths (which every run has its own) do not
+count. Spans, re-merging and the steady-state row of the throughput table."""
 
 import json
-import sys
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
-import steady_state as ss  # noqa: E402
+from sglang_zipage.harness import merge
+from sglang_zipage.harness.windows import steady_window
 
 
 def load(port, tmp, output_len="8192"):
@@ -21,13 +20,13 @@ def run(engine_load, tok_s):
 
 
 def test_runs_on_their_own_ports_and_paths_are_one_load():
-    out = ss.compare(run(load(27343, "a"), 100.0), run(load(22741, "b"), 120.0))
+    out = merge.compare(run(load(27343, "a"), 100.0), run(load(22741, "b"), 120.0))
     assert "warning" not in out
     assert out["window.output_tok_s"]["ratio"] == 1.2
 
 
 def test_a_different_load_argument_is_flagged():
-    out = ss.compare(run(load(27343, "a"), 100.0), run(load(27343, "a", "16384"), 120.0))
+    out = merge.compare(run(load(27343, "a"), 100.0), run(load(27343, "a", "16384"), 120.0))
     assert out["warning"] == "the two runs had different load arguments"
 
 
@@ -51,7 +50,7 @@ def engine_run(tok_s, finished_at, aborted=40):
 
 def test_spans_compare_both_engines_and_stop_at_the_window_end():
     stock, zipage = engine_run(100.0, [30]), engine_run(150.0, [5, 25, 35])
-    whole, window = ss.compare_spans(stock, zipage, ss.default_spans(stock))
+    whole, window = merge.compare_spans(stock, zipage, merge.default_spans(stock))
     assert whole["span_s"] == [0.0, 40.0] and window["span_s"] == [20.0, 40.0]
     assert whole["ratio"] == 1.5 and window["ratio"] == 1.5
     # the abort after the window end is not a finish
@@ -67,8 +66,8 @@ def test_a_merged_file_merges_again_with_other_spans(tmp_path):
                "command": f"run {name}", "window": {"output_tok_s": tok_s}, "bench_serving": {}}
         files.append(tmp_path / f"{name}.json")
         files[-1].write_text(json.dumps(doc))
-    first = ss.merge([str(f) for f in files], str(tmp_path / "m.json"))
-    again = ss.merge([str(tmp_path / "m.json")], str(tmp_path / "m2.json"), [[10.0, 30.0]])
+    first = merge.merge_steady([str(f) for f in files], str(tmp_path / "m.json"))
+    again = merge.merge_steady([str(tmp_path / "m.json")], str(tmp_path / "m2.json"), [[10.0, 30.0]])
     assert [m["path"] for m in again["merged_from"]] == [str(f) for f in files]
     assert again["output_tok_s_ratio"] == first["output_tok_s_ratio"] == 1.5
     assert [r["span_s"] for r in again["spans"]] == [[10.0, 30.0]]
@@ -84,16 +83,16 @@ def test_a_merged_file_becomes_one_steady_state_row_of_the_results(tmp_path):
         doc = {**run_doc, "engine": name, "status": "done", "command": f"run {name}",
                "commit": "0123456789abcdef", "bench_serving": {"completed": 7, "duration": 40.0},
                "server": {"command": f"python -m sglang_zipage.launch_server {flags}"}}
-        doc["window"] = ss.window_metrics(doc["samples"], 20.0, 40.0)
+        doc["window"] = steady_window(doc["samples"], 20.0, 40.0)
         files.append(tmp_path / f"{name}.json")
         files[-1].write_text(json.dumps(doc))
     merged = tmp_path / "steady-tiny.json"
     windows = {f.stem: json.loads(f.read_text())["window"]["output_tok_s"] for f in files}
-    ratio = ss.merge([str(f) for f in files], str(merged))["output_tok_s_ratio"]
+    ratio = merge.merge_steady([str(f) for f in files], str(merged))["output_tok_s_ratio"]
     results = tmp_path / "throughput.json"
     results.write_text(json.dumps({"loads": [{"load": "steady", "regime": "first-wave"}]}))
     for _ in range(2):  # a second time replaces the row
-        ss.add_row(str(merged), str(results))
+        merge.add_row(str(merged), str(results))
     loads = json.loads(results.read_text())["loads"]
     assert [e["load"] for e in loads] == ["steady", "poisson:rate=8:output_len=8192"]
     row = loads[1]
