@@ -40,7 +40,7 @@ PROMPT, SHORT_OUT, LONG_OUT, N_SHORT, N_LONG = 200, 48, 900, 4, 16
 
 # name -> (folder, layers, kv_budget, buffer). Layer counts keep each family's mix of layer
 # kinds (Gemma 3: 5 sliding + 1 global; gpt-oss: sliding/full alternate; DeepSeek: 1 dense +
-# MoE). Gemma 3's budget covers its 512-token sliding window.
+# MoE, V3: 3 dense + MoE). Gemma 3's budget covers its 512-token sliding window.
 FAMILIES = {
     "qwen3-8b": ("qwen3-8b-dummy", 4, 256, 64),
     "llama-3.1-8b": ("llama-3.1-8b", 4, 256, 64),
@@ -50,14 +50,33 @@ FAMILIES = {
     "gemma-3-1b": ("gemma-3-1b", 6, 512, 128),
     "gpt-oss-20b": ("gpt-oss-20b", 4, 256, 64),
     "deepseek-v2-lite": ("deepseek-v2-lite", 4, 256, 64),
+    "deepseek-v3": ("deepseek-v3", 4, 256, 64),
     "qwen3-next-80b-a3b": ("qwen3-next-80b-a3b", 4, 256, 64),
 }
-# (kv_dtype, attention_backend, page_size) per family; "*" = every family.
+# Config overrides beyond the layer count: DeepSeek-V3's attention (128 query heads, the MLA
+# latent, q_lora) is kept whole; its one MoE layer gets 32 of its 256 routed experts, so that
+# rows can run side by side on one GPU (zipage touches attention only).
+OVERRIDES = {"deepseek-v3": {"n_routed_experts": 32}}
+# A second batch at a per-request budget (zipage_kv_budget) on the same engine:
+# family -> (kv_budget, output tokens)
+LARGE_BUDGET = {"deepseek-v3": (2048, 2600)}
+# (kv_dtype, attention_backend, page_size) per family; "*" = every family. Page 64: what
+# SGLang's FlashMLA backend needs, the page MLA deployments run with.
 MATRIX = [("*", "bfloat16", "triton", 1), ("*", "fp8_e4m3", "triton", 1),
           ("*", "bfloat16", "flashinfer", 1), ("*", "bfloat16", "triton", 16),
           ("deepseek-v2-lite", "fp8_e4m3", "flashinfer", 1),
-          ("gpt-oss-20b", "bfloat16", "triton-no-hybrid-swa", 1)]
-
+          ("gpt-oss-20b", "bfloat16", "triton-no-hybrid-swa", 1),
+          ("deepseek-v3", "bfloat16", "triton", 64), ("deepseek-v3", "fp8_e4m3", "triton", 64),
+          ("deepseek-v3", "bfloat16", "flashinfer", 64), ("deepseek-v3", "fp8_e4m3", "flashinfer", 1),
+          ("deepseek-v3", "fp8_e4m3", "flashinfer", 64),
+          # MLA backends SGLang 0.5.17 has that zipage does not compress: refused by name
+          ("deepseek-v3", "bfloat16", "fa3", 64), ("deepseek-v3", "bfloat16", "flashmla", 64),
+          ("deepseek-v3", "bfloat16", "cutlass_mla", 64), ("deepseek-v3", "bfloat16", "trtllm_mla", 64)]
+# Every row's pool: large enough that the default --zipage-memory-fraction (3%) holds a window
+# slot for each of the N_LONG requests compressing at once (a pool of a few thousand tokens
+# would hold none: memory.py), as any real deployment's pool does.
+POOL_TOKENS = 600_000
+DEFAULT_SHARE = 0.03
 
 def rows(families):
     out = []
@@ -73,7 +92,7 @@ def rows(families):
 def engine_kwargs(row, stock):
     folder, layers, budget, buffer = FAMILIES[row["family"]]
     backend = row["attention_backend"]
-    override = {"num_hidden_layers": layers}
+    override = {"num_hidden_layers": layers, **OVERRIDES.get(row["family"], {})}
     cfg = json.load(open(os.path.join(MODELS, folder, "config.json")))
     if "layer_types" in cfg:  # per-layer kinds (gpt-oss): the first `layers` of them
         override["layer_types"] = cfg["layer_types"][:layers]
@@ -88,8 +107,8 @@ def engine_kwargs(row, stock):
         backend = backend[:-len("-no-hybrid-swa")]
         kw["disable_hybrid_swa_memory"] = True
     kw["attention_backend"] = backend
-    need = N_SHORT * (PROMPT + SHORT_OUT) if stock else N_LONG * (PROMPT + budget + buffer + 64)
-    kw["max_total_tokens"] = need + 4096
+    if not row.get("default_pool"):  # else SGLang sizes it from mem_fraction_static, alone
+        kw["max_total_tokens"] = POOL_TOKENS
     if stock:
         return dict(zipage_enabled=False, **kw)
     return dict(zipage_mode="fixed", zipage_kv_budget=budget, zipage_buffer=buffer, **kw)
@@ -114,7 +133,7 @@ def run_engine(row, stock):
         return res
     res["start_s"] = round(time.perf_counter() - t0, 1)
     try:
-        greedy = lambda n: {"max_new_tokens": n, "temperature": 0, "ignore_eos": True}  # noqa: E731
+        greedy = lambda n, **kw: {"max_new_tokens": n, "temperature": 0, "ignore_eos": True, **kw}  # noqa: E731
         outs = eng.generate(input_ids=prompts(row, N_SHORT, 1), sampling_params=greedy(SHORT_OUT))
         res["short"] = [o["output_ids"] for o in outs]
         if not stock:
@@ -123,7 +142,19 @@ def run_engine(row, stock):
             res["compress_s"] = round(time.perf_counter() - t1, 1)
             res["lengths"] = sorted({o["meta_info"]["completion_tokens"] for o in outs})
             res["request_compactions"] = sorted({o["meta_info"]["zipage_compactions"] for o in outs})
+            if row["family"] in LARGE_BUDGET:
+                budget, out = LARGE_BUDGET[row["family"]]
+                outs = eng.generate(input_ids=prompts(row, N_LONG, 3),
+                                    sampling_params=greedy(out, zipage_kv_budget=budget))
+                res["large_budget"] = {
+                    "kv_budget": budget, "output": out,
+                    "lengths": sorted({o["meta_info"]["completion_tokens"] for o in outs}),
+                    "request_compactions": sorted({o["meta_info"]["zipage_compactions"] for o in outs}),
+                    "kv_len": max(o["meta_info"]["zipage_kv_len"] for o in outs)}
             res["zipage"] = eng.get_server_info()["internal_states"][0].get("zipage")
+        state = eng.get_server_info()["internal_states"][0]
+        res["pool_tokens"] = state.get("memory_usage", {}).get("token_capacity")
+        res["startup_time"] = state.get("startup_time")
     finally:
         eng.shutdown()
     return res
@@ -138,16 +169,35 @@ def judge(row, stock, zipage):
     z = zipage["zipage"] or {}
     first_diff = next((i for i, (a, b) in enumerate(zip(stock["short"], zipage["short"])) if a != b), None)
     want = (LONG_OUT - budget - buffer) // buffer + 1
+    plan = z.get("memory") or {}
+    mem = {"zipage_memory_bytes": z.get("memory_bytes"), "kv_pool_bytes": plan.get("kv_pool_bytes"),
+           "stock_kv_pool_bytes": (stock.get("pool_tokens") or 0) * plan.get("cell_bytes", 0),
+           "pool_tokens": {"stock": stock.get("pool_tokens"), "zipage": zipage.get("pool_tokens")},
+           "window_slots": plan.get("window_slots"), "slots_wanted": plan.get("slots_wanted"),
+           "windowless_compactions": z.get("windowless_compactions")}
+    mem["share_of_stock_pool"] = (round(mem["zipage_memory_bytes"] / mem["stock_kv_pool_bytes"], 5)
+                                  if mem["zipage_memory_bytes"] and mem["stock_kv_pool_bytes"] else None)
     ev = {"start_s": {"stock": stock["start_s"], "zipage": zipage["start_s"]},
+          "warm_up_s": z.get("warm_up_s"), "memory": mem,
+          "startup_time": {"stock": stock.get("startup_time"), "zipage": zipage.get("startup_time")},
           "compress_s": zipage["compress_s"], "lengths": zipage["lengths"],
           "request_compactions": zipage["request_compactions"],
           "compactions": z.get("compactions"), "max_suffix_tokens": z.get("max_suffix_tokens"),
           "limit": budget + buffer, "expected_compactions_per_request": want,
           "short_equal_stock": first_diff is None, "short_first_diff_request": first_diff,
           "layout": (z.get("layout") or {})}
+    limit = budget + buffer
     ok = (ev["short_equal_stock"] and ev["lengths"] == [LONG_OUT]
           and min(ev["request_compactions"]) >= want
-          and ev["max_suffix_tokens"] is not None and ev["max_suffix_tokens"] <= budget + buffer)
+          and mem["share_of_stock_pool"] is not None and mem["share_of_stock_pool"] <= DEFAULT_SHARE)
+    large = zipage.get("large_budget")
+    if large:  # the per-request budget's batch: its own limit, its own compactions
+        ev["large_budget"] = large
+        limit = large["kv_budget"] + buffer
+        ok = (ok and large["lengths"] == [large["output"]]
+              and min(large["request_compactions"]) >= (large["output"] - limit) // buffer + 1)
+    ev["limit"] = limit
+    ok = ok and ev["max_suffix_tokens"] is not None and ev["max_suffix_tokens"] <= limit
     return {"status": "pass" if ok else "fail", "evidence": ev}
 
 
@@ -171,6 +221,8 @@ def drive(args):
         want = {tuple(r.split(":")) for r in args.rows.split(",")}
         todo = [r for r in todo if (r["family"], r["kv_dtype"], r["attention_backend"],
                                     str(r["page_size"])) in want]
+    if args.default_pool:
+        todo = [{**r, "default_pool": True} for r in todo]
     workdir = args.workdir or os.path.dirname(os.path.abspath(args.out))
     os.makedirs(workdir, exist_ok=True)
     deadline = time.monotonic() + args.deadline_s
@@ -230,6 +282,8 @@ def main():
     p.add_argument("--parallel", type=int, default=6)
     p.add_argument("--deadline-s", type=float, default=540)
     p.add_argument("--workdir", default=None, help="per-row JSON and logs (default: next to --out)")
+    p.add_argument("--default-pool", action="store_true",
+                   help="pools sized by SGLang from mem_fraction_static (run rows one at a time)")
     drive(p.parse_args())
 
 

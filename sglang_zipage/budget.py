@@ -16,6 +16,13 @@ Invariants (checked where they are established; tests call the checkers):
   I6  suffix length <= kv_budget + buffer at every decode step (fixed mode; in elastic mode
       a suffix grows past it while the pool has room, and is compacted on demand)
 
+Query-window slots (query_window.py; as many as memory.py fits):
+  W1  a request holds a slot from W decode steps before its trigger until its compaction
+      is planned (or it leaves), so the slots serve the requests near a compaction; where
+      the next window starts within W tokens of a compaction (``keeps_window``) it keeps it
+  W2  a request that reaches its trigger without a slot is compacted without a window (its
+      most recent tokens kept): a missing slot never lets a suffix outgrow its limit
+
 Elastic mode has two states (``Pressure``): *room*, where requests keep their full KV, and
 *pressure*, entered when the pool ran short, where every request compresses at its limit as in
 fixed mode. It leaves pressure only once nothing waits and the free pool could take what every
@@ -83,25 +90,41 @@ class Budget:
         """c0: the prompt's full pages (and whatever the radix tree protects) stay."""
         return max(cache_protected_len, floor_page(prompt_len, self.page_size))
 
-    def needs_window(self, suffix: int) -> bool:
-        """Take a window slot W decode steps before the suffix reaches the trigger."""
-        return suffix >= self.trigger - self.window
+    def wants_window(self, state: ReqState, suffix: int) -> bool:
+        """Ask for a window slot W decode steps before the trigger. Fixed mode asks at that
+        step only: a slot taken later could not fill before the limit (W1). Elastic mode
+        asks at every step from then on (its requests grow past the limit while there is room)."""
+        if state.window_since >= 0:
+            return False
+        start = self.trigger - self.window
+        return suffix >= start if self.elastic else suffix == start
+
+    @property
+    def keeps_window(self) -> bool:
+        """The next window starts within W tokens of a compaction (buffer - lag <= W): a
+        request keeps its slot across compactions rather than miss its next start (W1)."""
+        return self.buffer - self.lag <= self.window
 
     def window_ready(self, state: ReqState, decode_idx: int) -> bool:
         return state.window_since >= 0 and decode_idx - state.window_since >= self.window
+
+    def can_score(self, state: ReqState, decode_idx: int) -> bool:
+        """A compaction may run now: with a full window, or windowless when the request
+        holds no slot (W2); a slot still filling is waited for."""
+        return state.window_since < 0 or self.window_ready(state, decode_idx)
 
     def needs_compaction(self, state: ReqState, suffix: int, decode_idx: int,
                          pressed: bool = False) -> bool:
         """At the trigger: in fixed mode, and in elastic mode while the pool is under
         pressure (else never on its own: see can_yield)."""
         return ((not self.elastic or pressed) and suffix >= self.trigger
-                and self.window_ready(state, decode_idx))
+                and self.can_score(state, decode_idx))
 
     def can_yield(self, state: ReqState, suffix: int, decode_idx: int) -> int:
         """Elastic mode: tokens a compaction down to kv_budget would free now, or 0. Only a
         suffix at the limit or past it yields, so after a compaction a request decodes at
         least ``buffer`` tokens before it yields again (no thrashing)."""
-        if suffix < self.limit or not self.window_ready(state, decode_idx):
+        if suffix < self.limit or not self.can_score(state, decode_idx):
             return 0
         return suffix - self.kv_budget
 

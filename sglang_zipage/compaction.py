@@ -17,6 +17,7 @@ Invariants (see budget.py for I1-I6):
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import List, Optional, Sequence
 
@@ -45,7 +46,7 @@ class CompactionItem:
     suffix: int  # S: compressible columns [c0, c0 + S)
     n_stored: int  # leading suffix tokens with a valid stored global score
     first: bool  # first compaction of this request (pooling applies)
-    window_slot: int  # its row in the query window
+    window_slot: int  # its row in the query window; 0: none (windowless, memory.py)
     kv_budget: int  # k: tokens it keeps per (layer, KV head)
 
 
@@ -59,6 +60,7 @@ class CompactionPlan:
     dst_slots: torch.Tensor  # [R, k] int64 == src_slots[:, :k] (in place)
     n_stored: torch.Tensor  # [R] int64
     first: torch.Tensor  # [R] bool
+    windowless: bool = False  # no request has a window: the most recent tokens are kept
 
     @property
     def tensors(self):
@@ -74,6 +76,8 @@ def plan_compaction(req_to_token: torch.Tensor, items: Sequence[CompactionItem],
     Shadow (fresh [R, k] slots): the whole snapshot [R, S_max] padded with 0, to free only
     at commit (``src_lens`` says how many of each row are real)."""
     dev = req_to_token.device
+    windowless = items[0].window_slot == 0
+    assert all((it.window_slot == 0) == windowless for it in items), "one launch, one kind"
     s_max = aligned_s_max(max(it.suffix for it in items))
     rows, cols, free_rows, free_cols = [], [], [], []
     for it in items:
@@ -103,6 +107,7 @@ def plan_compaction(req_to_token: torch.Tensor, items: Sequence[CompactionItem],
         dst_slots=dst,
         n_stored=torch.tensor([it.n_stored for it in items], dtype=torch.int64).to(dev),
         first=torch.tensor([it.first for it in items], dtype=torch.bool).to(dev),
+        windowless=windowless,
     )
     return plan, to_free
 
@@ -127,6 +132,9 @@ def execute(plan: CompactionPlan, params: ScoringParams, q_window: torch.Tensor,
     """Score, select and compact on the current stream. Launches kernels only (C1).
 
     q_window: [L, R, W, Hq, D], the plan's window rows (``QueryWindow.gather``); kv: the
-    buffers of the pool's layout (kv_layout.py)."""
+    buffers of the pool's layout (kv_layout.py). A windowless plan keeps each request's most
+    recent tokens (the ``recent`` selection) and ignores q_window."""
+    if plan.windowless:
+        params, q_window = dataclasses.replace(params, selection="recent"), None
     select_and_compact(params, q_window, kv, score_buffers, plan.src_slots, plan.src_lens,
                        plan.n_stored, plan.first, sm_scale, plan.dst_slots, plan.k)

@@ -76,6 +76,10 @@ class ZipageConfig:
         "Which tokens a compaction keeps: score (Zipage's scoring), or the baselines random "
         "and recent (most recent tokens only), for quality comparisons.",
         choices=SELECTION_MODES))
+    memory_fraction: float = field(default=0.03, metadata=_flag(
+        "Most of the KV pool's memory zipage's GPU buffers (global scores and the query window) "
+        "may take; the pool shrinks by what they take. Where it cannot hold the global scores "
+        "and one query-window slot, startup is refused with the share that would."))
     sink: int = field(default=0, metadata=_flag(
         "Leading tokens of the compressible suffix that are always kept (the prompt is never "
         "compressed, so its own sink tokens are always kept)."))
@@ -94,6 +98,8 @@ class ZipageConfig:
             bad("sink", f"must be an integer >= 0, got {self.sink!r}")
         if self.pooling % 2 == 0:
             bad("pooling", f"must be odd (1 disables pooling), got {self.pooling}")
+        if not 0.0 < self.memory_fraction <= 0.5:
+            bad("memory_fraction", f"must be in (0, 0.5], got {self.memory_fraction}")
         if not 0.0 <= self.decay < 1.0:
             bad("decay", f"must be in [0, 1), got {self.decay}")
         if self.selection not in SELECTION_MODES:

@@ -21,6 +21,8 @@ class Counters:
                            pages_freed=0, compaction_ms=0.0, compaction_gpu_ms=0.0,
                            max_suffix_tokens=0, window_slot_misses=0, async_compactions=0,
                            async_awaited=0, async_fallbacks=0, pressure_compactions=0,
+                           # compactions without a window slot (memory.py: most recent kept)
+                           windowless_compactions=0,
                            # one per request per decode step; of those, the steps of requests
                            # compacted before the step was planned (tokens from compressed KV)
                            decode_tokens=0, compressed_decode_tokens=0)
@@ -64,6 +66,12 @@ class Counters:
         self.values["pressure_compactions"] += n
         if self.metrics is not None:
             self.metrics.pressure_compactions.inc(n)
+
+    def windowless(self) -> None:
+        """A request compacted without a query-window slot (budget W2)."""
+        self.values["windowless_compactions"] += 1
+        if self.metrics is not None:
+            self.metrics.windowless_compactions.inc()
 
     def launch_time(self, seconds: float) -> None:
         """Host time spent launching compactions."""

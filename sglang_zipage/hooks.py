@@ -34,6 +34,52 @@ def _after_alloc_memory_pool(result, model_runner, *args, **kwargs):
     RUNTIME.attach(model_runner)
 
 
+def _remember_kv_memory(result, kvc, *args, **kwargs):
+    RUNTIME.kv_memory_bytes = result  # what SGLang sizes the pool from (memory.py M3)
+    return result
+
+
+def _pool_makes_room(original, kvc, *args, **kwargs):
+    """SGLang sized the pool; zipage's buffers come out of it (memory.py), and SGLang's own
+    configurator re-sizes the pool (and its request cap) for the tokens that remain."""
+    config = original(kvc, *args, **kwargs)
+    if kvc.is_draft_worker:
+        return config
+    from sglang.srt.model_executor.pool_configurator import create_memory_pool_configurator
+
+    from sglang_zipage import kv_layout, memory
+
+    configurator = create_memory_pool_configurator(kvc)
+    cell = int(configurator._cell_size)  # KV bytes per token of max_total_num_tokens
+    page = kvc.page_size
+    arch = (kvc.model_config.hf_config.architectures or ["this model"])[0]
+    shapes = kv_layout.buffer_shapes(kvc.model, mla=bool(kvc.use_mla_backend),
+                                     dtype_bytes=kvc.model_dtype.itemsize,
+                                     global_scores=RUNTIME.config.decay > 0)
+    stock = config.max_total_num_tokens
+    try:
+        plan = RUNTIME.plan_memory(
+            shapes, stock_pool_tokens=stock, cell_bytes=cell,
+            available_bytes=getattr(RUNTIME, "kv_memory_bytes", None) or stock * cell,
+            max_running=config.max_running_requests, page=page, model=arch)
+    except memory.NoRoom as e:
+        logger.error("%s", e)  # the line to read above SGLang's traceback
+        raise
+    if plan.pool_tokens == stock:
+        return config
+    new = configurator.calculate_pool_sizes_from_max_tokens(plan.pool_tokens, page)
+    new.max_running_requests = min(config.max_running_requests,
+                                   kvc.resolve_max_num_reqs(new.max_total_num_tokens))
+    new = configurator.finalize_with_max_running_requests(new)
+    new.mem_fraction_static = config.mem_fraction_static
+    return new
+
+
+def _stash_mla_query(result, attention, *args, **kwargs):
+    RUNTIME.stash_query(attention.layer_id, result[0])  # (q_nope, q_pe, k_pe)
+    return result
+
+
 def _capture_queries(original, layer, q, k, v, forward_batch, *args, **kwargs):
     if forward_batch.forward_mode.is_decode() and RUNTIME.ready:
         RUNTIME.capture(layer.layer_id, q, kwargs.get("q_rope"), forward_batch)
@@ -205,8 +251,16 @@ def _hook_table():
 
     return [
         # target, type, body, why (0.5.17 line)
+        ("mem_cache.kv_cache_configurator.KVCacheConfigurator._profile_available_bytes",
+         T.AFTER, _remember_kv_memory, "the memory SGLang sizes the KV pool from (L1614)"),
+        ("mem_cache.kv_cache_configurator.KVCacheConfigurator._resolve_memory_pool_config",
+         T.AROUND, _pool_makes_room,
+         "zipage's buffers come out of the KV pool's memory, sized before it (L1774)"),
         ("model_executor.model_runner.ModelRunner.alloc_memory_pool", T.AFTER,
          _after_alloc_memory_pool, "allocate query window + global scores before graph capture (L769)"),
+        ("models.deepseek_common.attention_forward_methods.forward_mla.DeepseekMLAForwardMixin."
+         "_split_q_nope_pe", T.AFTER, _stash_mla_query,
+         "MLA: the window keeps q_nope before absorption, a third of the bytes (L222)"),
         ("layers.radix_attention.RadixAttention.forward", T.AROUND, _capture_queries,
          "store post-RoPE decode queries; recorded into decode CUDA graphs (L150)"),
         ("model_executor.forward_batch_info.ForwardBatch.init_new", T.AFTER, _logical_positions,
@@ -299,6 +353,12 @@ def model_facts(model_path: str, *, trust_remote_code: bool = False, revision=No
         "chunked_attention": getattr(mc, "attention_chunk_size", None) is not None,
         "mrope": isinstance(rope, dict) and "mrope_section" in rope,
         "sliding_window": getattr(text, "sliding_window", None) or 0,
+        # one layer's KV row per KV head, in elements (MLA: the latent row), for the share
+        # of the pool the global scores take (memory.score_share)
+        "kv_row_elements": ((mc.kv_lora_rank + mc.qk_rope_head_dim)
+                            if mc.attention_arch == AttentionArch.MLA
+                            else (mc.head_dim or 0) + (mc.v_head_dim or mc.head_dim or 0)),
+        "dtype_bytes": mc.dtype.itemsize,
     }
 
 

@@ -11,6 +11,9 @@ what else must follow the moved tokens) all go through one ``KVLayout``:
   MLALayout        ``MLATokenToKVPool`` (DeepSeek V2/V3, Kimi K2): one latent row
                    [slots, 1, kv_lora_rank + rope] per layer is key and value at once; the
                    queries are what MLA attention scores it with (absorbed q_nope | q_rope).
+                   The window stores them compactly, before absorption (q_nope | q_rope,
+                   192 wide for DeepSeek V3 instead of 576), and scoring absorbs them with
+                   the layer's own w_kc: the same scores for a third of the bytes.
   HybridSWALayout  ``SWAKVPool`` (gpt-oss): full-attention layers compress in the full pool;
                    sliding-window layers live in a pool of their own, reached through
                    ``full_to_swa_index_mapping``, which a compaction shifts so the window's
@@ -20,7 +23,9 @@ stored as uint8; scoring reads them as that FP8 type times the layer's k_scale, 
 moves the stored bytes, so a budget in tokens costs half the bytes of bf16.
 
 ``detect(model_runner, kv_budget)`` picks the layout or raises ``ZipageUnsupported`` with the
-pool and model named. This module duck-types SGLang objects and imports no sglang module.
+pool and model named; ``buffer_shapes(model, ...)`` reads what the query window and global
+scores will need from the model alone, before the pool exists (memory.py sizes them inside
+the pool's share). This module duck-types SGLang objects and imports no sglang module.
 """
 
 from __future__ import annotations
@@ -30,7 +35,8 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 import torch
 
-from sglang_zipage.scoring import LayerKV
+from sglang_zipage.memory import BufferShapes
+from sglang_zipage.scoring import LayerKV, QueryAbsorption
 
 FP8_DTYPES = (torch.float8_e4m3fn, torch.float8_e5m2)
 DISABLE_HINT = "pass --zipage-disable to serve it without compression"
@@ -45,6 +51,11 @@ class QueryShape:
     heads: int  # query heads of this rank
     dim: int  # what a query row is dotted with: head_dim, or kv_lora_rank + rope for MLA
     scale: float  # softmax scale of the attention
+    stored_dim: int = 0  # what the window stores per head (0: dim; MLA compact: nope + rope)
+
+    @property
+    def width(self) -> int:
+        return self.stored_dim or self.dim
 
 
 class KVLayout:
@@ -65,9 +76,9 @@ class KVLayout:
             rows[layer] = i
         return rows
 
-    def queries(self, q: torch.Tensor, q_rope: Optional[torch.Tensor]) -> torch.Tensor:
-        """What RadixAttention received, as [tokens, Hq, D] (the layer passes any layout:
-        [tokens, Hq * D], [1, tokens, Hq, D] (Gemma 3), ...)."""
+    def queries(self, layer_id: int, q: torch.Tensor, q_rope: Optional[torch.Tensor]) -> torch.Tensor:
+        """What the window stores of what RadixAttention received, as [tokens, Hq, width]
+        (the layer passes any layout: [tokens, Hq * D], [1, tokens, Hq, D] (Gemma 3), ...)."""
         return q.reshape(-1, self.query.heads, self.query.dim)
 
     def remap_window(self, req_to_token, items, k: int, allocator, reqs) -> None:
@@ -78,7 +89,7 @@ class KVLayout:
         return {"layout": self.name, "scored_layers": len(self.scored_layers),
                 "recent_layers": len(self.kv.recent_keys), "key_dtype": str(self.kv.key_dtype),
                 "query_heads": self.query.heads, "query_dim": self.query.dim,
-                "sliding_window": self.sliding_window}
+                "stored_query_dim": self.query.width, "sliding_window": self.sliding_window}
 
 
 # --------------------------------------------------------------------------- detection
@@ -90,7 +101,7 @@ def detect(model_runner, kv_budget: int, async_compaction: bool = False) -> KVLa
     if cls == "MHATokenToKVPool":
         layout = MHALayout(pool, attns)
     elif cls == "MLATokenToKVPool" and not getattr(pool, "use_dsa", False):
-        layout = MLALayout(pool, attns)
+        layout = MLALayout(pool, attns, model_runner.model)
     elif cls == "SWAKVPool" and type(pool.full_kv_pool).__name__ == "MHATokenToKVPool":
         if async_compaction:
             raise ZipageUnsupported(
@@ -149,6 +160,27 @@ def _key_format(pool, attns: Sequence) -> Tuple[Optional[torch.dtype], Optional[
     return pool.dtype, torch.tensor(scales, dtype=torch.float32, device=pool.device)
 
 
+def buffer_shapes(model, *, mla: bool, dtype_bytes: int, global_scores: bool) -> BufferShapes:
+    """What the query window and the global scores need per slot, from the model's
+    attention modules (the pool does not exist yet): the scored layers, their KV heads,
+    query heads and the stored query width, as the layout built on the pool will have them."""
+    attns = _attention_layers(model)
+    if mla:
+        mqa = _mla_modules(attns)
+        query = _mla_query(mqa, _mla_parents(model))
+        layers, kv_heads = len(mqa), 1
+    else:
+        scored = [attns[l][0] for l in sorted(attns) if not _window(attns[l][0])]
+        if not scored:
+            raise ZipageUnsupported(f"every attention layer has a sliding window: nothing "
+                                    f"to compress; {DISABLE_HINT}")
+        query = _uniform_query(scored, "full-attention")
+        layers, kv_heads = len(scored), scored[0].tp_k_head_num
+    return BufferShapes(scored_layers=layers, kv_heads=kv_heads, query_heads=query.heads,
+                        query_width=query.width, query_bytes=dtype_bytes,
+                        global_scores=global_scores)
+
+
 # ------------------------------------------------------------------------------ layouts
 class MHALayout(KVLayout):
     name = "mha"
@@ -183,35 +215,102 @@ class MHALayout(KVLayout):
 
 class MLALayout(KVLayout):
     """One latent row per token and layer, [slots, 1, kv_lora_rank + qk_rope_head_dim]: the
-    key (scored whole, rope part included) and the value (its first kv_lora_rank entries)."""
+    key (scored whole, rope part included) and the value (its first kv_lora_rank entries).
+
+    Decode attention scores the row with the absorbed query q_nope @ w_kc | q_rope (576
+    wide for DeepSeek V3). The window stores q_nope | q_rope instead (192 wide), taken where
+    the model splits its query (``stash``) and where attention receives the rotated rope
+    part (``queries``); scoring absorbs it with the layer's own w_kc (``LayerKV.absorb``).
+    Where the absorption weight is not a plain tensor (DeepGEMM block-scaled FP8) or the
+    model scales the absorbed query (Llama 4 scaling), the absorbed query is stored whole."""
 
     name = "mla"
 
-    def __init__(self, pool, attns: Dict[int, list]):
-        width = pool.kv_lora_rank + pool.qk_rope_head_dim
-        # attn_mqa: the absorbed decode attention, one KV head of the latent width
-        mqa = {l: [a for a in mods if a.qk_head_dim == width and a.tp_k_head_num == 1]
-               for l, mods in attns.items()}
-        missing = [l for l, m in mqa.items() if not m]
-        if missing or len(mqa) != len(pool.kv_buffer):
+    def __init__(self, pool, attns: Dict[int, list], model=None):
+        mqa = _mla_modules(attns)
+        if len(mqa) != len(pool.kv_buffer):
             raise ZipageUnsupported(f"MLA pool without an absorbed attention per layer "
-                                    f"(layers {missing[:4]}); {DISABLE_HINT}")
+                                    f"({len(mqa)} for {len(pool.kv_buffer)} KV layers); "
+                                    f"{DISABLE_HINT}")
         self.scored_layers = tuple(sorted(mqa))
-        mods = [mqa[l][0] for l in self.scored_layers]
-        self.query = _uniform_query(mods, "MLA")
+        parents = _mla_parents(model) if model is not None else {}
+        self.query = _mla_query(mqa, parents)
         self.rope_dim = pool.qk_rope_head_dim
-        key_dtype, scales = _key_format(pool, mods)
+        self.nope_dim = self.query.width - self.rope_dim
+        key_dtype, scales = _key_format(pool, [mqa[l] for l in self.scored_layers])
+        absorb = None
+        if self.query.stored_dim:
+            absorb = QueryAbsorption([_absorption_weight(parents[l]) for l in self.scored_layers],
+                                     self.rope_dim)
+            self.name = "mla-compact"
         self.kv = LayerKV(keys=list(pool.kv_buffer), values=None, key_dtype=key_dtype,
-                          key_scales=scales)
+                          key_scales=scales, absorb=absorb)
+        self._nope: Dict[int, torch.Tensor] = {}  # layer id -> this forward's q_nope
 
-    def queries(self, q, q_rope):
-        """Backends that take the rope part apart (flashinfer, fa3, ...) get q_nope and
-        q_rope; the others get them concatenated, [tokens, Hq, kv_lora_rank + rope]."""
-        if q_rope is None:
-            return q.reshape(-1, self.query.heads, self.query.dim)
+    def stash(self, layer_id: int, q_nope: torch.Tensor) -> None:
+        """The model split its query: keep q_nope [tokens, Hq, nope] (before absorption)
+        for the layer's attention call, which stores it with the rotated rope part."""
+        if self.query.stored_dim:
+            self._nope[layer_id] = q_nope
+
+    def queries(self, layer_id, q, q_rope):
+        """Compact: q_nope (stashed) | q_rope. Whole: the absorbed query; backends that take
+        the rope part apart (flashinfer, fa3, ...) get q_nope and q_rope, the others get them
+        concatenated, [tokens, Hq, kv_lora_rank + rope]."""
         heads = self.query.heads
-        return torch.cat([q.reshape(-1, heads, self.query.dim - self.rope_dim),
-                          q_rope.reshape(-1, heads, self.rope_dim)], dim=-1)
+        rope = (q_rope.reshape(-1, heads, self.rope_dim) if q_rope is not None
+                else q.reshape(-1, heads, self.query.dim)[..., -self.rope_dim:])
+        if self.query.stored_dim:
+            return torch.cat([self._nope[layer_id].reshape(-1, heads, self.nope_dim), rope], dim=-1)
+        if q_rope is None:
+            return q.reshape(-1, heads, self.query.dim)
+        return torch.cat([q.reshape(-1, heads, self.query.dim - self.rope_dim), rope], dim=-1)
+
+
+def _mla_modules(attns: Dict[int, list]) -> Dict[int, object]:
+    """layer id -> attn_mqa: the absorbed decode attention, one KV head of the latent width,
+    the widest of the layer (DeepSeek layers also hold attn_mha, the prefill attention)."""
+    mqa = {l: max(mods, key=lambda a: a.qk_head_dim) for l, mods in attns.items()}
+    missing = [l for l, a in mqa.items() if a.tp_k_head_num != 1]
+    if missing:
+        raise ZipageUnsupported(f"MLA pool without an absorbed attention per layer "
+                                f"(layers {missing[:4]}); {DISABLE_HINT}")
+    return mqa
+
+
+def _mla_parents(model) -> Dict[int, object]:
+    """layer id -> the model's MLA attention module (it holds w_kc and the head split); none
+    where the model scales the absorbed query (Llama 4 scaling: not in q_nope | q_rope)."""
+    mods = list(model.modules())
+    if any(getattr(m, "llama_4_scaling_config", None) is not None for m in mods):
+        return {}
+    return {m.attn_mqa.layer_id: m for m in mods if hasattr(m, "attn_mqa") and hasattr(m, "w_kc")}
+
+
+def _mla_query(mqa: Dict[int, object], parents: Dict[int, object]) -> QueryShape:
+    query = _uniform_query(list(mqa.values()), "MLA")
+    if all(_absorption_weight(parents.get(l)) is not None for l in mqa):
+        one = parents[min(mqa)]
+        stored = one.qk_nope_head_dim + one.qk_rope_head_dim
+        if stored < query.dim:
+            return dataclasses.replace(query, stored_dim=stored)
+    return query
+
+
+def _absorption_weight(module) -> Optional[Tuple[torch.Tensor, object]]:
+    """(w_kc [Hq, nope, kv_lora_rank], scale) as the model absorbs q_nope with it, or None
+    where the compact form could not score identically (or the model is not known)."""
+    if module is None or getattr(module, "use_deep_gemm_bmm", False):
+        return None
+    w = getattr(module, "w_kc", None)
+    if not isinstance(w, torch.Tensor) or w.dim() != 3:
+        return None
+    if w.dtype in FP8_DTYPES:
+        scale = getattr(module, "w_scale", 1.0)
+        return (w, scale) if not isinstance(scale, torch.Tensor) or scale.numel() == 1 else None
+    if not w.dtype.is_floating_point:
+        return None
+    return w, 1.0
 
 
 class HybridSWALayout(KVLayout):

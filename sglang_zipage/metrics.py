@@ -25,6 +25,9 @@ class ZipageMetrics:
         self.compressed_decode_tokens = Counter(
             "zipage:compressed_decode_tokens",
             "Of those, tokens decoded from compressed KV (requests compacted before the step).")
+        self.windowless_compactions = Counter(
+            "zipage:windowless_compactions",
+            "Compactions of requests that found no free query-window slot (recent tokens kept).")
         self.compressed_running = Gauge(
             "zipage:num_running_compressed_reqs", "Running requests that went through a compaction.",
             multiprocess_mode="mostrecent")

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from typing import List
 
+from sglang_zipage import memory
 from sglang_zipage.config import ZipageConfig
 
 KV_DTYPES = ("auto", "bf16", "bfloat16", "fp8_e4m3", "fp8_e5m2")
@@ -48,7 +49,23 @@ def refusals(facts: dict, config: ZipageConfig, server_args) -> List[str]:
         bad.append(f"--zipage-kv-budget {config.kv_budget} is below {arch}'s sliding window "
                    f"({window} tokens), which its sliding-window layers must keep; use "
                    f"--zipage-kv-budget {window} or more")
+    bad += _memory_refusals(facts, config, server_args)
     if facts["hybrid_swa"] and config.async_compaction:
         bad.append(f"--zipage-async with {arch}'s hybrid sliding-window pool is not "
                    "supported; drop --zipage-async, or pass --disable-hybrid-swa-memory")
     return bad
+
+
+def _memory_refusals(facts: dict, config: ZipageConfig, server_args) -> List[str]:
+    """memory.py M4, the part known from the config: global scores beyond the share. Only
+    where every layer is scored (a sliding-window layer's KV has no scores: less share)."""
+    if config.decay == 0 or facts["sliding_window"] or facts["hybrid_swa"]:
+        return []
+    kv_bytes = 1 if str(server_args.kv_cache_dtype).startswith("fp8") else facts["dtype_bytes"]
+    row = facts["kv_row_elements"] * kv_bytes
+    if row <= 0:
+        return []
+    needed = memory.score_share(row)
+    if needed < config.memory_fraction:
+        return []
+    return [memory.scores_exceed_share(facts["architecture"], config.memory_fraction, needed)]

@@ -17,7 +17,7 @@ from typing import List, Optional
 
 import torch
 
-from sglang_zipage import kv_layout, request_budget
+from sglang_zipage import kv_layout, memory, request_budget
 from sglang_zipage.budget import Budget, Pressure, ReqState, async_lag
 from sglang_zipage.compaction import (S_MAX_ALIGN, CompactionItem, CompactionPlan, execute,
                                      plan_compaction)
@@ -31,6 +31,7 @@ from sglang_zipage.shadows import ShadowCompactions, ShadowLaunch
 logger = logging.getLogger("sglang_zipage")
 
 MAX_REQS_PER_LAUNCH = 32  # bounds the scoring scratch ([L, R, Hkv, S] fp32) ...
+QUERY_SCRATCH_BYTES = 512 << 20  # ... the window rows a launch gathers ...
 SCRATCH_LIMITS = 32  # ... and R * S <= this many budget limits (elastic suffixes are long)
 SHADOW_BUDGETS = 8  # asynchronous mode: compactions in flight at once (fresh-slot reserve)
 
@@ -58,8 +59,23 @@ class ZipageRuntime:
         self.steps = 0  # decode steps planned
 
     # ------------------------------------------------------------ setup
+    def plan_memory(self, shapes, *, stock_pool_tokens: int, cell_bytes: int,
+                    available_bytes: int, max_running: int, page: int, model: str):
+        """Before SGLang allocates the pool: size the window and the global scores inside
+        the pool's share (memory.py) and return the plan, whose pool_tokens SGLang then
+        allocates. Raises memory.NoRoom when the share cannot hold them."""
+        cfg = self.config
+        self.buffer_shapes = shapes
+        self.memory_plan = memory.plan(
+            shapes, stock_pool_tokens=stock_pool_tokens, cell_bytes=cell_bytes,
+            available_bytes=available_bytes, max_running=max_running,
+            limit=cfg.kv_budget + cfg.buffer, window=cfg.window, page=page,
+            share=cfg.memory_fraction, model=model)
+        return self.memory_plan
+
     def attach(self, model_runner) -> None:
-        """Allocate buffers once the KV pool exists (before CUDA-graph capture)."""
+        """Allocate buffers once the KV pool exists (before CUDA-graph capture), as the
+        memory plan sized them."""
         allocator = model_runner.token_to_kv_pool_allocator
         page = allocator.page_size
         cfg = self.config.validate(page_size=page)
@@ -79,32 +95,39 @@ class ZipageRuntime:
         self.sm_scale = query.scale
         self.ring_rows = self.layout.ring_rows()
         layers, kv_heads = len(self.kv.keys), keys.shape[1]
-        # A slot is held only by requests whose own suffix exceeds the budget, so the pool
-        # can never need more slots than this.
-        slots = model_runner.max_total_num_tokens // (self.budget.limit - cfg.window) + 1
+        shapes = memory.BufferShapes(layers, kv_heads, query.heads, query.width,
+                                     model_runner.dtype.itemsize, cfg.decay > 0)
+        plan = getattr(self, "memory_plan", None)
+        if plan is None or shapes != self.buffer_shapes:
+            raise RuntimeError(f"sglang-zipage: the KV pool was sized without zipage's "
+                               f"buffers ({shapes} vs {getattr(self, 'buffer_shapes', None)})")
         rows = model_runner.req_to_token_pool.req_to_token.shape[0]
-        self.window = QueryWindow(layers, slots, rows, cfg.window, query.heads, query.dim,
-                                  model_runner.dtype, self.device)
+        self.window = QueryWindow(layers, plan.window_slots, rows, cfg.window, query.heads,
+                                  query.width, model_runner.dtype, self.device)
+        # Scoring gathers a launch's window rows at once: at most QUERY_SCRATCH_BYTES of them.
+        self.launch_cap = max(1, min(MAX_REQS_PER_LAUNCH, QUERY_SCRATCH_BYTES // plan.slot_bytes))
         self.score_buffer = None
         if cfg.decay > 0:
             self.score_buffer = torch.zeros((layers, keys.shape[0], kv_heads),
                                             dtype=torch.float32, device=self.device)
-        extra = self.window.nbytes + (self.score_buffer.numel() * 4 if self.score_buffer is not None else 0)
-        self.memory_bytes = extra
+        self.memory_bytes = self.window.nbytes + (self.score_buffer.numel() * 4
+                                                  if self.score_buffer is not None else 0)
         if cfg.async_compaction:
             # Fresh slots for shadows in flight, set aside from admission (shadow_reserve).
             n = max(1, min(SHADOW_BUDGETS, model_runner.max_total_num_tokens // (16 * cfg.kv_budget)))
             self.shadows = ShadowCompactions(n * cfg.kv_budget, self.device)
+        t0 = time.perf_counter()
         if self.device.type == "cuda":
             self._warm_up()
+        self.warm_up_s = round(time.perf_counter() - t0, 2)
         # SGLang's rule for its own series: one scheduler per attention-TP group reports
         # (tensor-parallel ranks take the same decisions; their counts would add up)
         if model_runner.server_args.enable_metrics and model_runner.ps.attn_tp_rank == 0:
             self.stats.export_metrics()
-        logger.info("zipage: %s layout %s; budget %d + buffer %d tokens, window %d, %d window "
-                    "slots, page %d; query window + scores use %.1f MiB", self.layout.name,
-                    self.layout.describe(), cfg.kv_budget, cfg.buffer, cfg.window, slots, page,
-                    extra / 2**20)
+        logger.info("zipage: %s layout %s; budget %d + buffer %d tokens, window %d, page %d; "
+                    "kernels warmed up in %.1f s", self.layout.name, self.layout.describe(),
+                    cfg.kv_budget, cfg.buffer, cfg.window, page, self.warm_up_s)
+        logger.info(plan.log_line())
 
     def _warm_up(self) -> None:
         """Compile the Triton kernels now, not in the middle of the first compaction
@@ -238,7 +261,7 @@ class ZipageRuntime:
                 if suffix >= budget.limit:
                     commits.append((i, suffix))
                 continue
-            if st.window_since < 0 and budget.needs_window(suffix):
+            if budget.wants_window(st, suffix):
                 if self.window.assign(req.req_pool_idx):
                     st.window_since = req.decode_batch_idx
                 else:
@@ -271,10 +294,27 @@ class ZipageRuntime:
                 self.make_room(batch, short + self.headroom)
 
     def _item(self, req, st, suffix: int, budget: Budget) -> CompactionItem:
-        """A compaction of the request's suffix down to its budget."""
+        """A compaction of the request's suffix down to its budget: scored with its window,
+        or windowless when it holds no slot (budget W2)."""
+        slot = self.window.slot_of(req.req_pool_idx) if st.window_since >= 0 else 0
         return CompactionItem(req.req_pool_idx, st.c0, suffix, st.n_stored,
                               st.n_stored == 0,  # first since (re)prefill
-                              self.window.slot_of(req.req_pool_idx), budget.kv_budget)
+                              slot, budget.kv_budget)
+
+    def _window_done(self, req) -> None:
+        """Its compaction is planned (it read the window at plan time): the slot goes back for
+        the requests nearing their limits, or, where its next window starts within W tokens,
+        it keeps one and refills it from now (budget W1). A windowless one is counted."""
+        st = req.zipage
+        if st.window_since < 0:
+            self.stats.windowless()
+        budget = self.budget_of(req)
+        if budget is not None and budget.keeps_window:
+            st.window_since = (req.decode_batch_idx if self.window.assign(req.req_pool_idx)
+                               else -1)
+            return
+        self.window.release(req.req_pool_idx)
+        st.window_since = -1
 
     # ------------------------------------------------- elastic: room on demand
     def _room(self, batch) -> int:
@@ -340,10 +380,11 @@ class ZipageRuntime:
     def _plan_shadows(self, batch, shadows) -> None:
         """Plan asynchronous compactions into fresh slots, one launch per kept count."""
         r2t = batch.req_to_token_pool.req_to_token
-        for k in sorted({it.kv_budget for _, it in shadows}):
+        for k, windowless in sorted({(it.kv_budget, it.window_slot == 0) for _, it in shadows}):
             group = [(req, dataclasses.replace(it, suffix=it.suffix // self.page_size * self.page_size))
-                     for req, it in shadows if it.kv_budget == k]  # whole pages (I2)
-            group = [(req, it) for req, it in group if it.suffix > k][:MAX_REQS_PER_LAUNCH]
+                     for req, it in shadows
+                     if it.kv_budget == k and (it.window_slot == 0) == windowless]  # whole pages (I2)
+            group = [(req, it) for req, it in group if it.suffix > k][:self.launch_cap]
             fresh = self.alloc(batch, k * len(group)) if group else None
             if fresh is None:
                 continue  # no room now: they retry at their next step
@@ -352,6 +393,7 @@ class ZipageRuntime:
             for req, it in group:
                 self.decisions.record(self.steps, req.rid, it.c0, it.suffix, k, free)
                 req.skip_radix_cache_insert = True  # I4 from now on
+                self._window_done(req)
             self.stats.add("async_compactions", len(group))
             self.stats.add("compaction_batches")
 
@@ -373,24 +415,28 @@ class ZipageRuntime:
         r2t = batch.req_to_token_pool.req_to_token
         allocator = batch.token_to_kv_pool_allocator
         req_of = {it.req_pool_idx: batch.reqs[i] for it, i in zip(items, rows)}
-        for k in sorted({it.kv_budget for it in items}):  # one launch group per kept count
-            for chunk in self._launch_groups([it for it in items if it.kv_budget == k]):
+        # one launch group per kept count, windowless ones apart (compaction.execute)
+        for k, windowless in sorted({(it.kv_budget, it.window_slot == 0) for it in items}):
+            for chunk in self._launch_groups([it for it in items if it.kv_budget == k
+                                              and (it.window_slot == 0) == windowless]):
                 plan, surplus = plan_compaction(r2t, chunk, k, self.page_size)
                 self.layout.remap_window(r2t, chunk, k, allocator,
                                          [req_of[it.req_pool_idx] for it in chunk])
                 allocator.free(surplus)
                 self.pending.append(plan)
                 self.stats.add("compaction_batches")
+        for i in rows:
+            self._window_done(batch.reqs[i])
         return [self._compacted(batch.reqs[i], i, it.kv_budget, it.suffix - it.kv_budget)
                 for it, i in zip(items, rows)]
 
     def _launch_groups(self, items):
-        """Split into launches of at most MAX_REQS_PER_LAUNCH requests whose padded scratch
+        """Split into launches of at most ``launch_cap`` requests whose padded scratch
         (requests x longest suffix) stays within SCRATCH_LIMITS budget limits."""
         cap = SCRATCH_LIMITS * self.budget.limit
         group = []
         for it in sorted(items, key=lambda it: -it.suffix):
-            if group and (len(group) == MAX_REQS_PER_LAUNCH or (len(group) + 1) * group[0].suffix > cap):
+            if group and (len(group) == self.launch_cap or (len(group) + 1) * group[0].suffix > cap):
                 yield group
                 group = []
             group.append(it)
@@ -434,7 +480,7 @@ class ZipageRuntime:
         if self.pending:
             span = self.stats.span_start(stream)
             for plan in self.pending:
-                self._execute(plan, self.window.gather(plan.window_slots), sbufs, stream)
+                self._execute(plan, self._queries(plan), sbufs, stream)
             self.pending.clear()
             self.stats.span_end(span, stream, t0)
         for launch in self.shadows.take_launches():
@@ -442,10 +488,15 @@ class ZipageRuntime:
         self.shadows.wait_committed(stream)
         self.stats.launch_time(time.perf_counter() - t0)
 
+    def _queries(self, plan):
+        """The plan's window rows (a copy), or None for a windowless plan."""
+        return None if plan.windowless else self.window.gather(plan.window_slots)
+
     def _execute(self, plan, q_window, sbufs, stream) -> None:
         if stream is not None:
             for t in (*plan.tensors, q_window):
-                t.record_stream(stream)
+                if t is not None:
+                    t.record_stream(stream)
         execute(plan, self.params, q_window, self.kv, sbufs, self.sm_scale)
 
     def _launch(self, launch: ShadowLaunch, sbufs, forward_stream) -> None:
@@ -453,7 +504,7 @@ class ZipageRuntime:
         far (they wrote the snapshots' last tokens and queries) and reads a copy of the
         window rows taken now (the next forwards overwrite the ring)."""
         plan = launch.plan
-        q_window = self.window.gather(plan.window_slots)  # a copy, on the forward stream
+        q_window = self._queries(plan)  # a copy, on the forward stream
         if forward_stream is None:  # CPU: runs now, in order
             t0 = time.perf_counter()
             self._execute(plan, q_window, sbufs, None)
@@ -487,8 +538,13 @@ class ZipageRuntime:
         and what the layer's query arguments mean)."""
         row = self.ring_rows[layer_id]
         if row >= 0:
-            self.window.write(row, self.layout.queries(q, q_rope), forward_batch.req_pool_indices,
-                              forward_batch.positions)
+            self.window.write(row, self.layout.queries(layer_id, q, q_rope),
+                              forward_batch.req_pool_indices, forward_batch.positions)
+
+    def stash_query(self, layer_id: int, q_nope) -> None:
+        """MLA: the model split its query before absorbing it (kv_layout.MLALayout.stash)."""
+        if self.ready and self.layout.name == "mla-compact":
+            self.layout.stash(layer_id, q_nope)
 
     def log_parts(self):
         """Appended to SGLang's periodic decode log line."""
@@ -503,6 +559,9 @@ class ZipageRuntime:
                 "layout": self.layout.describe() if self.ready else None,
                 "budget_limit_tokens": self.budget.limit if self.budget else None,
                 "memory_bytes": getattr(self, "memory_bytes", 0),
+                "warm_up_s": getattr(self, "warm_up_s", None),
+                "memory": (self.memory_plan.describe()
+                           if getattr(self, "memory_plan", None) else None),
                 "running_compressed_requests": compressed,
                 "free_window_slots": self.window.free_slots if self.window else None,
                 "window_slots": self.window.num_slots if self.window else None,

@@ -71,6 +71,31 @@ class ScoringParams:
 
 
 @dataclass(frozen=True)
+class QueryAbsorption:
+    """MLA's compact query window: each head's q_nope | q_rope is stored before absorption
+    and absorbed here, per layer, with the weight the model absorbs it with.
+
+    weights: per scored layer (w_kc [Hq, nope, kv_lora_rank], scale): the absorbed q_nope
+             is q_nope @ (w_kc * scale) (scale 1, or an FP8 w_kc's per-tensor scale).
+    rope_dim: the trailing rope part of a stored row, passed through unchanged."""
+
+    weights: Sequence[Tuple[torch.Tensor, object]]
+    rope_dim: int
+
+
+def absorb_queries(q: torch.Tensor, weight: torch.Tensor, scale, rope_dim: int) -> torch.Tensor:
+    """q: [..., Hq, nope + rope] stored queries of one layer -> [..., Hq, kv_lora_rank + rope],
+    the absorbed queries MLA decode attention scores the latent rows with."""
+    *lead, heads, _ = q.shape
+    nope = q[..., :-rope_dim].reshape(-1, heads, q.shape[-1] - rope_dim).transpose(0, 1)
+    w = weight.to(q.dtype) if weight.dtype != q.dtype else weight
+    if not (isinstance(scale, (int, float)) and scale == 1):
+        w = w * scale
+    absorbed = torch.bmm(nope, w).transpose(0, 1)  # [tokens, Hq, kv_lora_rank]
+    return torch.cat([absorbed.reshape(*lead, heads, -1), q[..., -rope_dim:]], dim=-1)
+
+
+@dataclass(frozen=True)
 class LayerKV:
     """The KV buffers one compaction reads and moves, as a KV layout (kv_layout.py) hands
     them over.
@@ -81,6 +106,7 @@ class LayerKV:
     key_scales: [L] float32, key = stored * scale (FP8 k_scale), or None (1).
     recent_keys / recent_values: sliding-window layers of the same pool: they keep the
                 newest k tokens of the suffix, in order, so the window reads what it read.
+    absorb:     the window stores queries before absorption (MLA compact), or None.
     """
 
     keys: Sequence[torch.Tensor]
@@ -89,6 +115,32 @@ class LayerKV:
     key_scales: Optional[torch.Tensor] = None
     recent_keys: Sequence[torch.Tensor] = ()
     recent_values: Optional[Sequence[torch.Tensor]] = None
+    absorb: Optional[QueryAbsorption] = None
+
+
+ABSORB_SCRATCH_BYTES = 64 << 20  # absorbed queries held at once (MLA: layers per launch)
+
+
+def attention_scores(q_window: torch.Tensor, kv: LayerKV, src_slots: torch.Tensor,
+                     src_lens: torch.Tensor, sm_scale: float) -> torch.Tensor:
+    """Stage 1 over the scored layers: [L, R, Hkv, S_max]. A compact MLA window is absorbed
+    a few layers at a time, so the absorbed copy stays within ABSORB_SCRATCH_BYTES."""
+    if kv.absorb is None:
+        return window_attention_scores(q_window, kv.keys, src_slots, src_lens, sm_scale,
+                                       kv.key_dtype, kv.key_scales)
+    n_layers = q_window.shape[0]
+    width = kv.keys[0].shape[-1]
+    per_layer = q_window[0].numel() // q_window.shape[-1] * width * q_window.element_size()
+    step = max(1, ABSORB_SCRATCH_BYTES // max(1, per_layer))
+    out = []
+    for lo in range(0, n_layers, step):
+        hi = min(n_layers, lo + step)
+        q = torch.stack([absorb_queries(q_window[l], *kv.absorb.weights[l], kv.absorb.rope_dim)
+                         for l in range(lo, hi)])
+        scales = kv.key_scales[lo:hi] if kv.key_scales is not None else None
+        out.append(window_attention_scores(q, kv.keys[lo:hi], src_slots, src_lens, sm_scale,
+                                           kv.key_dtype, scales))
+    return torch.cat(out) if len(out) > 1 else out[0]
 
 
 def mean_key_similarity(keys: torch.Tensor, valid: torch.Tensor, block: Optional[int]) -> torch.Tensor:
@@ -141,7 +193,9 @@ def score_tokens(
 
     Args:
         params: ScoringParams.
-        q_window: [L, R, W, Hq, D] model dtype, post-RoPE queries of the last W steps.
+        q_window: [L, R, W, Hq, D] model dtype, post-RoPE queries of the last W steps (D:
+            the stored width; kv.absorb turns MLA's compact rows into absorbed queries), or
+            None: no queries (a compaction without a window slot), attention 0.
         kv: LayerKV; its L scored layers' keys are read.
         score_buffers: L tensors [slots, Hkv] float32 of stored global scores, or None.
         src_slots: [R, S_max] int64 slot ids in sequence order (padding past src_lens).
@@ -155,8 +209,11 @@ def score_tokens(
         select_topk ranks (+inf protected, -inf padding); global_score is g, to be
         stored for kept tokens.
     """
-    attention = window_attention_scores(q_window, kv.keys, src_slots, src_lens, sm_scale,
-                                        kv.key_dtype, kv.key_scales)
+    if q_window is None:  # compacted without a window (memory.py): no attention term
+        attention = torch.zeros((len(kv.keys), *src_slots.shape[:1], kv.keys[0].shape[1],
+                                 src_slots.shape[1]), dtype=torch.float32, device=src_slots.device)
+    else:
+        attention = attention_scores(q_window, kv, src_slots, src_lens, sm_scale)
     # stages 2, 3 and 5 in one pass (the kernel's final is g, protected)
     final, g = global_scores(attention, score_buffers, src_slots, src_lens, n_stored, first,
                              params.pooling, params.decay, params.sink, params.window)

@@ -24,8 +24,40 @@ def test_elastic_yield_starts_at_the_limit_and_needs_a_full_window():
     assert b.can_yield(st, 79, idx) == 0  # below budget + buffer: nothing to give (hysteresis)
     assert b.can_yield(st, 80, idx) == 16
     assert b.can_yield(st, 2000, idx) == 2000 - 64  # down to the budget in one go
-    assert b.can_yield(st, 2000, idx - 1) == 0  # window not yet filled: cannot score
-    assert b.can_yield(ReqState(c0=0), 2000, idx) == 0  # no window slot
+    assert b.can_yield(st, 2000, idx - 1) == 0  # window still filling: wait for it
+    assert b.can_yield(ReqState(c0=0), 2000, idx) == 2000 - 64  # no slot: windowless (W2)
+
+
+def test_fixed_mode_asks_for_a_slot_once_so_it_fills_before_the_limit():
+    b = Budget(64, 32, 16)  # trigger 96: the window must start at 80
+    st = ReqState(c0=0)
+    assert not b.wants_window(st, 79)
+    assert b.wants_window(st, 80)
+    assert not b.wants_window(st, 81)  # too late to fill W=16 queries by 96 (W1)
+    st.window_since = 3
+    assert not b.wants_window(st, 80)  # holds one
+    asynchronous = Budget(64, 16, 16, page_size=8, lag=8)  # trigger 72
+    assert asynchronous.wants_window(ReqState(c0=0), 56)
+    # the next start lies within W of a compaction: keep the slot rather than miss it
+    assert asynchronous.keeps_window and Budget(64, 16, 16).keeps_window
+    assert not b.keeps_window and not Budget(64, 48, 16, page_size=8, lag=8).keeps_window
+
+
+def test_elastic_asks_for_a_slot_every_step_past_the_start():
+    b = Budget(64, 16, 16, elastic=True)
+    st = ReqState(c0=0)
+    assert not b.wants_window(st, 63)
+    assert b.wants_window(st, 64) and b.wants_window(st, 5000)
+
+
+def test_a_request_without_a_slot_compacts_at_its_limit_windowless():
+    fixed = Budget(64, 16, 16)
+    no_slot = ReqState(c0=0)
+    assert fixed.needs_compaction(no_slot, 80, 7)  # W2: never past its limit
+    assert not fixed.needs_compaction(no_slot, 79, 7)
+    filling = ReqState(c0=0, window_since=5)
+    assert not fixed.needs_compaction(filling, 80, 20)  # a slot still filling is waited for
+    assert fixed.needs_compaction(filling, 80, 21)
 
 
 def test_a_request_past_its_limit_reserves_nothing_more():
@@ -42,6 +74,7 @@ def test_long_suffixes_compact_in_launches_of_bounded_scratch():
 
     rt = ZipageRuntime(ZipageConfig(kv_budget=64, buffer=16))
     rt.budget = Budget(64, 16, 16, elastic=True)
+    rt.launch_cap = MAX_REQS_PER_LAUNCH
     suffixes = [12000, 80, 3000, 80, 900] + [80] * 40
     items = [CompactionItem(i, 0, s, 0, True, i, 64) for i, s in enumerate(suffixes)]
     groups = list(rt._launch_groups(items))

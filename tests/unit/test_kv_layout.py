@@ -29,7 +29,7 @@ from sglang.srt.mem_cache.swa_memory_pool import SWAKVPool
 from sglang_zipage import kv_layout
 from sglang_zipage.budget import ReqState
 from sglang_zipage.compaction import CompactionItem, execute, plan_compaction
-from sglang_zipage.scoring import ScoringParams
+from sglang_zipage.scoring import ScoringParams, attention_scores
 
 HQ, HKV, D = 4, 2, 8
 
@@ -59,7 +59,7 @@ def test_mha_layout_scores_full_layers_and_keeps_recency_in_sliding_ones():
     with pytest.raises(kv_layout.ZipageUnsupported, match="sliding window"):
         kv_layout.detect(runner(pool, [attn(0, 31), attn(1), attn(2, 31), attn(3)]), 16)
     q = torch.randn(1, 3, HQ, D)  # Gemma 3 passes [1, tokens, Hq, D]
-    assert layout.queries(q, None).shape == (3, HQ, D)
+    assert layout.queries(1, q, None).shape == (3, HQ, D)
 
 
 def test_fp8_pool_hands_scoring_uint8_keys_with_their_format_and_scales():
@@ -80,23 +80,86 @@ def test_unknown_pools_and_mixed_query_shapes_are_refused_by_name():
         kv_layout.detect(runner(mha_pool(2), [attn(0), attn(1, heads=2 * HQ)]), 64)
 
 
-def test_mla_layout_scores_the_latent_row_with_absorbed_queries():
-    rank, rope, heads = 32, 8, 4
-    pool = MLATokenToKVPool(size=256, page_size=1, dtype=torch.float32, kv_lora_rank=rank,
-                            qk_rope_head_dim=rope, layer_num=2, device="cpu",
+RANK, ROPE, NOPE, MLA_HEADS = 32, 8, 12, 4
+
+
+class MLAAttention(torch.nn.Module):
+    """What DeepSeek's attention module holds that the MLA layout reads: its absorbed decode
+    attention (a real RadixAttention), the absorption weight w_kc and the head split."""
+
+    def __init__(self, layer_id, w_kc, w_scale=1.0):
+        super().__init__()
+        self.attn_mqa = attn(layer_id, heads=MLA_HEADS, kv=1, dim=RANK + ROPE, v_dim=RANK)
+        self.attn_mha = attn(layer_id, heads=MLA_HEADS, kv=MLA_HEADS, dim=NOPE + ROPE, v_dim=24)
+        self.w_kc, self.w_scale = w_kc, w_scale
+        self.qk_nope_head_dim, self.qk_rope_head_dim = NOPE, ROPE
+        self.layer_id = layer_id
+
+
+def mla_pool(layers=2, dtype=torch.float32):
+    return MLATokenToKVPool(size=256, page_size=1, dtype=dtype, kv_lora_rank=RANK,
+                            qk_rope_head_dim=ROPE, layer_num=layers, device="cpu",
                             enable_memory_saver=False)
-    mods = []
-    for layer in range(2):  # DeepSeek: attn_mha (prefill) and attn_mqa (absorbed decode)
-        mods += [attn(layer, heads=heads, kv=heads, dim=24 + rope, v_dim=24),
-                 attn(layer, heads=heads, kv=1, dim=rank + rope, v_dim=rank)]
+
+
+def test_mla_layout_scores_the_latent_row_with_absorbed_queries():
+    """Without the model's absorption weights the window stores the absorbed query whole."""
+    pool = mla_pool()
+    mods = [m for l in range(2) for m in (attn(l, heads=MLA_HEADS, kv=MLA_HEADS, dim=NOPE + ROPE, v_dim=24),
+                                         attn(l, heads=MLA_HEADS, kv=1, dim=RANK + ROPE, v_dim=RANK))]
     layout = kv_layout.detect(runner(pool, mods), 64)
-    assert layout.name == "mla" and layout.kv.values is None
+    assert layout.name == "mla" and layout.kv.values is None and layout.kv.absorb is None
     assert layout.kv.keys[1] is pool.kv_buffer[1]
-    assert (layout.query.heads, layout.query.dim) == (heads, rank + rope)
-    q_nope, q_rope = torch.randn(3, heads, rank), torch.randn(3, heads, rope)
+    assert (layout.query.heads, layout.query.dim, layout.query.width) == (MLA_HEADS, RANK + ROPE, RANK + ROPE)
+    q_nope, q_rope = torch.randn(3, MLA_HEADS, RANK), torch.randn(3, MLA_HEADS, ROPE)
     joined = torch.cat([q_nope, q_rope], -1)
-    assert torch.equal(layout.queries(q_nope.reshape(3, -1), q_rope), joined)
-    assert torch.equal(layout.queries(joined, None), joined)
+    assert torch.equal(layout.queries(0, q_nope.reshape(3, -1), q_rope), joined)
+    assert torch.equal(layout.queries(0, joined, None), joined)
+
+
+@pytest.mark.parametrize("fp8", [False, True])
+@pytest.mark.parametrize("rope_apart", [False, True])
+def test_compact_mla_window_scores_as_the_absorbed_queries_did(fp8, rope_apart):
+    """The window keeps q_nope | q_rope (NOPE + ROPE wide, not RANK + ROPE); scoring absorbs it
+    with the layer's w_kc (times an FP8 w_kc's scale) and gets the scores the absorbed queries
+    give, whichever way the backend passed the rope part."""
+    torch.manual_seed(0)
+    pool = mla_pool()
+    for buf in pool.kv_buffer:
+        buf.normal_()
+    weights = [torch.randn(MLA_HEADS, NOPE, RANK) * 0.3 for _ in range(2)]
+    scale = 0.5 if fp8 else 1.0
+    parents = [MLAAttention(l, w.to(torch.float8_e4m3fn) if fp8 else w, scale)
+               for l, w in enumerate(weights)]
+    model = torch.nn.ModuleList(parents)
+    run = SimpleNamespace(token_to_kv_pool=pool, model=model, model_config=SimpleNamespace(
+        hf_config=SimpleNamespace(architectures=["DeepseekV3ForCausalLM"])))
+    compact = kv_layout.detect(run, 64)
+    assert compact.name == "mla-compact" and compact.query.width == NOPE + ROPE
+    whole = kv_layout.detect(runner(pool, [m for p in parents for m in (p.attn_mha, p.attn_mqa)]), 64)
+    shapes = kv_layout.buffer_shapes(model, mla=True, dtype_bytes=4, global_scores=True)
+    assert (shapes.query_width, shapes.query_heads, shapes.kv_heads) == (NOPE + ROPE, MLA_HEADS, 1)
+
+    W, R, S = 4, 2, 40
+    src = torch.randperm(200)[:R * S].view(R, S) + 1
+    lens = torch.tensor([S, S - 9])
+    stored, absorbed = [], []
+    for layer, p in enumerate(parents):
+        effective = (p.w_kc.float() * scale) if fp8 else p.w_kc
+        q_nope = torch.randn(R * W, MLA_HEADS, NOPE)
+        q_rope = torch.randn(R * W, MLA_HEADS, ROPE)
+        q_abs = torch.bmm(q_nope.transpose(0, 1), effective).transpose(0, 1)  # what attention gets
+        args = ((q_abs.reshape(R * W, -1), q_rope) if rope_apart
+                else (torch.cat([q_abs, q_rope], -1).reshape(R * W, -1), None))
+        compact.stash(layer, q_nope)
+        stored.append(compact.queries(layer, *args).view(R, W, MLA_HEADS, -1))
+        absorbed.append(whole.queries(layer, *args).view(R, W, MLA_HEADS, -1))
+    stored, absorbed = torch.stack(stored), torch.stack(absorbed)
+    assert stored.shape[-1] == NOPE + ROPE and absorbed.shape[-1] == RANK + ROPE
+    got = attention_scores(stored, compact.kv, src, lens, 0.1)
+    want = attention_scores(absorbed, whole.kv, src, lens, 0.1)
+    torch.testing.assert_close(got, want, atol=1e-6, rtol=1e-4)
+    assert got[:, 1, :, S - 9:].abs().max() == 0  # padding
 
 
 def test_sliding_window_layers_keep_their_newest_tokens_in_order():

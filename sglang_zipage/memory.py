@@ -1,0 +1,167 @@
+"""Zipage's GPU memory: sized inside the KV pool's share, never on top of it.
+
+Zipage keeps two buffers on the device beside SGLang's KV pool:
+  global scores   [layers, pool slots + page, kv heads] fp32: a fixed cost per pool token,
+                  like the KV itself (none with --zipage-decay 0)
+  query window    [layers, slots + 1, W, query heads, query width]: the last W decode queries
+                  of the requests near a compaction (query_window.py); a cost per window slot
+SGLang sizes the pool from the memory it is given; the pool then gives zipage its bytes:
+it shrinks by exactly what zipage keeps, so nothing is allocated outside that memory.
+
+Sizing rule (plain ints; ``plan``):
+  M1  zipage's bytes <= share * the bytes SGLang's pool would have had (--zipage-memory-fraction)
+  M2  window slots <= what can be in flight: SGLang's max_running_requests, and the requests the
+      pool can hold past the point where they take a slot (pool / (limit - W) + 1)
+  M3  pool tokens + zipage's bytes / cell <= the memory SGLang sized the pool from; a pool the
+      user capped (--max-total-tokens) keeps its tokens when that memory has room beside it
+  M4  a plan that cannot hold the global scores and one window slot is refused (``NoRoom``),
+      naming the bytes and the flags that change them
+A request that finds no free slot when it reaches its limit is compacted without a window
+(the most recent tokens kept, ``windowless_compactions``): it never outgrows its limit.
+Imports nothing from sglang or torch.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+
+MIB = 1 << 20
+SCORE_BYTES = 4  # global scores are fp32
+
+
+class NoRoom(RuntimeError):
+    """The memory share cannot hold zipage's buffers; the message says what to change."""
+
+
+@dataclass(frozen=True)
+class BufferShapes:
+    """What zipage keeps per pool slot and per window slot, read from the model (kv_layout)."""
+
+    scored_layers: int  # layers whose tokens are scored (full attention)
+    kv_heads: int  # global-score columns per layer (1 for MLA's latent row)
+    query_heads: int  # query heads of this rank
+    query_width: int  # elements of one stored query row (head_dim; MLA: nope + rope)
+    query_bytes: int  # element size of stored queries (the model dtype)
+    global_scores: bool = True  # False with --zipage-decay 0
+
+    def score_bytes(self, pool_tokens: int, page: int) -> int:
+        if not self.global_scores:
+            return 0
+        return self.scored_layers * (pool_tokens + page) * self.kv_heads * SCORE_BYTES
+
+    def slot_bytes(self, window: int) -> int:
+        return self.scored_layers * window * self.query_heads * self.query_width * self.query_bytes
+
+    def window_bytes(self, slots: int, window: int) -> int:
+        """The ring holds one dump row beside the slots (query_window.py)."""
+        return (slots + 1) * self.slot_bytes(window) if slots else 0
+
+
+@dataclass(frozen=True)
+class MemoryPlan:
+    pool_tokens: int  # zipage's KV pool
+    stock_pool_tokens: int  # the pool SGLang sized before zipage took its bytes
+    cell_bytes: int  # KV bytes per pool token
+    window_slots: int
+    slot_bytes: int
+    score_bytes: int
+    window_bytes: int
+    share: float
+    slots_wanted: int  # M2's bound: what could be in flight
+
+    @property
+    def zipage_bytes(self) -> int:
+        return self.score_bytes + self.window_bytes
+
+    @property
+    def kv_pool_bytes(self) -> int:
+        return self.pool_tokens * self.cell_bytes
+
+    @property
+    def stock_kv_pool_bytes(self) -> int:
+        return self.stock_pool_tokens * self.cell_bytes
+
+    def describe(self) -> dict:
+        return {**asdict(self), "zipage_bytes": self.zipage_bytes,
+                "kv_pool_bytes": self.kv_pool_bytes, "stock_kv_pool_bytes": self.stock_kv_pool_bytes,
+                "share_of_stock_pool": round(self.zipage_bytes / max(1, self.stock_kv_pool_bytes), 5)}
+
+    def log_line(self) -> str:
+        return (f"zipage memory: {self.zipage_bytes / MIB:.1f} MiB taken from the KV pool "
+                f"({self.stock_pool_tokens} -> {self.pool_tokens} tokens): global scores "
+                f"{self.score_bytes / MIB:.1f} MiB, query window {self.window_slots} slots x "
+                f"{self.slot_bytes / MIB:.2f} MiB ({self.slots_wanted} could be in flight); "
+                f"{100 * self.zipage_bytes / max(1, self.stock_kv_pool_bytes):.2f}% of the pool, "
+                f"cap {100 * self.share:g}% (--zipage-memory-fraction)")
+
+
+def slots_wanted(pool_tokens: int, max_running: int, limit: int, window: int) -> int:
+    """M2: a request takes its slot W tokens before its limit, so holders each hold at least
+    limit - W suffix tokens of the pool; never more than SGLang runs at once."""
+    return max(1, min(max_running, pool_tokens // max(1, limit - window) + 1))
+
+
+def plan(shapes: BufferShapes, *, stock_pool_tokens: int, cell_bytes: int, available_bytes: int,
+         max_running: int, limit: int, window: int, page: int, share: float,
+         model: str = "this model") -> MemoryPlan:
+    """Size zipage's buffers and the pool that remains (M1-M4).
+
+    stock_pool_tokens: the pool SGLang sized (after --max-total-tokens); cell_bytes: its KV
+    bytes per token; available_bytes: the memory it sized the pool from (M3)."""
+    stock_bytes = stock_pool_tokens * cell_bytes
+    cap = int(share * stock_bytes)
+    slot = shapes.slot_bytes(window)
+    scores = shapes.score_bytes(stock_pool_tokens, page)
+    wanted = slots_wanted(stock_pool_tokens, max_running, limit, window)
+    fit = (cap - scores) // slot - 1 if cap > scores else -1  # the ring's dump row counts
+    if fit < 1:
+        raise NoRoom(_no_room(model, shapes, scores, slot, stock_bytes, share, window))
+    slots = min(wanted, fit)
+    total = scores + shapes.window_bytes(slots, window)
+    room = max(0, available_bytes - total) // cell_bytes  # M3
+    pool = min(stock_pool_tokens, room) // page * page
+    return MemoryPlan(pool_tokens=pool, stock_pool_tokens=stock_pool_tokens, cell_bytes=cell_bytes,
+                      window_slots=slots, slot_bytes=slot,
+                      score_bytes=shapes.score_bytes(pool, page),
+                      window_bytes=shapes.window_bytes(slots, window), share=share,
+                      slots_wanted=wanted)
+
+
+def share_needed(scores: int, slot: int, stock_bytes: int) -> float:
+    """The smallest --zipage-memory-fraction that holds the scores and one slot (M4)."""
+    return (scores + 2 * slot) / max(1, stock_bytes)
+
+
+def _no_room(model, shapes, scores, slot, stock_bytes, share, window) -> str:
+    need = share_needed(scores, slot, stock_bytes)
+    ways = [f"raise --zipage-memory-fraction to {_round_up(need)} or more",
+            f"lower --zipage-window (now {window})"]
+    if scores:
+        ways.append(f"pass --zipage-decay 0 (drops the global scores, "
+                    f"{scores / MIB:.1f} MiB)")
+    return (f"sglang-zipage cannot fit its buffers for {model} in --zipage-memory-fraction "
+            f"{share:g} of its {stock_bytes / MIB:.1f} MiB KV pool ({share * stock_bytes / MIB:.1f} "
+            f"MiB): global scores take {scores / MIB:.1f} MiB and one query-window slot "
+            f"{slot / MIB:.2f} MiB ({shapes.scored_layers} layers x W {window} x "
+            f"{shapes.query_heads} query heads x {shapes.query_width}); " + ", ".join(ways)
+            + ", or --zipage-disable")
+
+
+def score_share(kv_row_bytes: int) -> float:
+    """Global scores as a share of a pool whose every layer is scored: one fp32 score per
+    (layer, KV head) for a KV row of kv_row_bytes (K and V, or MLA's latent row). The
+    launcher's check before any weight loads: the part of M4 that needs no pool size."""
+    return SCORE_BYTES / kv_row_bytes
+
+
+def scores_exceed_share(model: str, share: float, needed: float) -> str:
+    return (f"sglang-zipage cannot fit its buffers for {model}: its global scores alone take "
+            f"{100 * needed:.2f}% of the KV pool (one fp32 score per KV row), more than "
+            f"--zipage-memory-fraction {share:g}; raise --zipage-memory-fraction to "
+            f"{_round_up(needed * 1.25)} or more, or pass --zipage-decay 0 (no global "
+            f"scores), or --zipage-disable")
+
+
+def _round_up(x: float) -> str:
+    return f"{math.ceil(x * 1000) / 1000:g}"
