@@ -30,14 +30,28 @@ holding more KV than prompt + budget + buffer). The JSON goes to --out (and stdo
   python benchmarks/soak.py --url http://127.0.0.1:30000 --num-requests 300 \
       --concurrency 8 --seed 0 --out /tmp/soak.json
 Works against any SGLang server: without zipage (stock) the zipage checks are skipped.
+
+--start-server "SERVER FLAGS" (instead of --url) starts the server itself and stops it at
+the end: ``python -m sglang_zipage.launch_server`` on a 2-layer Qwen3 with dummy weights
+(token ids, no tokenizer: pass --input-ids) and the given flags, under SGLang's strict
+memory checker; the JSON then also gets the server command and the number of tracebacks in
+the server's log (<out>-server.log), and stdout a one-line summary. The H200 run behind
+benchmarks/results/soak-h200.json (made with the shell script this option replaced):
+  python3 benchmarks/soak.py --out $OUT/soak-h200.json --start-server "--attention-backend \
+      triton --page-size 16 --zipage-mode fixed --zipage-async --zipage-kv-budget 256 \
+      --zipage-buffer 64 --max-total-tokens 32768 --disable-prefill-cuda-graph" \
+      --input-ids --num-requests 10000 --concurrency 256 --seed 0
+(a single flag: --start-server=--zipage-async)
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import random
 import shlex
+import shutil
 import sys
 import threading
 import time
@@ -46,6 +60,11 @@ from dataclasses import asdict, dataclass, field
 from typing import List, Optional
 
 import requests
+
+from sglang_zipage.harness.engines import TINY_NAME, tiny_model_dir
+from sglang_zipage.harness.probe import get_json, healthy, server_info, wait_idle, zipage_state
+from sglang_zipage.harness.record import command_line
+from sglang_zipage.harness.server import STRICT_MEM_ENV, Server
 
 META_KEYS = ("prompt_tokens", "completion_tokens", "finish_reason")
 ZIPAGE_META_KEYS = ("zipage_compactions", "zipage_kv_len")
@@ -92,14 +111,8 @@ def ceil_to(n: int, page: int) -> int:
 
 
 # ------------------------------------------------------------------ server facts
-def get_json(url: str, path: str, timeout: float = 60):
-    r = requests.get(url + path, timeout=timeout)
-    r.raise_for_status()
-    return r.json()
-
-
 def server_facts(url: str) -> dict:
-    info = get_json(url, "/server_info")
+    info = server_info(url)
     state = info["internal_states"][0]
     z = state.get("zipage")
     facts = dict(page_size=info.get("page_size") or 1,
@@ -113,16 +126,6 @@ def server_facts(url: str) -> dict:
                      sink=cfg["sink"], async_compaction=bool(cfg.get("async_compaction")),
                      mode=cfg.get("mode", "fixed"))
     return facts
-
-
-def load_snapshot(url: str) -> dict:
-    loads = get_json(url, "/v1/loads?include=core")["loads"]
-    keys = ("num_running_reqs", "num_waiting_reqs", "num_used_tokens", "max_total_num_tokens")
-    return {k: sum(l.get(k) or 0 for l in loads) for k in keys}
-
-
-def zipage_state(url: str) -> Optional[dict]:
-    return get_json(url, "/server_info")["internal_states"][0].get("zipage")
 
 
 # ------------------------------------------------------------------ the workload
@@ -299,23 +302,10 @@ def _stream(url: str, job: Job, facts: dict, timeout: float) -> Outcome:
 
 
 # ------------------------------------------------------------------ idle and leaks
-def wait_idle(url: str, facts: dict, timeout: float) -> dict:
-    """Poll until nothing runs or waits (and no zipage state is held), then settle."""
-    deadline = time.monotonic() + timeout
-    while True:
-        load = load_snapshot(url)
-        z = zipage_state(url) if facts["zipage"] else None
-        busy = load["num_running_reqs"] or load["num_waiting_reqs"] or (
-            z is not None and (z["running_compressed_requests"] or z["shadow_tokens_held"]))
-        if not busy or time.monotonic() > deadline:
-            return {"idle": not busy, "load": load, "zipage": z}
-        time.sleep(0.5)
-
-
 def leak_report(url: str, facts: dict, settle_s: float, idle_timeout: float) -> dict:
-    first = wait_idle(url, facts, idle_timeout)
+    first = wait_idle(url, idle_timeout, zipage=facts["zipage"])
     time.sleep(settle_s)  # the scheduler runs its idle memory check once it has nothing to do
-    again = wait_idle(url, facts, idle_timeout)
+    again = wait_idle(url, idle_timeout, zipage=facts["zipage"])
     load, z = again["load"], again["zipage"]
     rep = {"idle": first["idle"] and again["idle"], "kv_tokens_used_at_idle": load["num_used_tokens"],
            "max_total_num_tokens": load["max_total_num_tokens"]}
@@ -333,19 +323,16 @@ def leak_report(url: str, facts: dict, settle_s: float, idle_timeout: float) -> 
     return rep
 
 
-def healthy(url: str) -> bool:
-    try:
-        return requests.get(url + "/health", timeout=60).status_code == 200
-    except requests.RequestException:
-        return False
-
-
 # ------------------------------------------------------------------ main
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     a = p.add_argument
-    a("--url", required=True, help="server base URL, e.g. http://127.0.0.1:30000")
+    where = p.add_mutually_exclusive_group(required=True)
+    where.add_argument("--url", help="server base URL, e.g. http://127.0.0.1:30000")
+    where.add_argument("--start-server", nargs="?", const="", metavar="SERVER FLAGS",
+                       help="start a server on the 2-layer dummy Qwen3 with these flags (one "
+                            "string), soak it, stop it (needs --out and --input-ids)")
     a("--num-requests", type=int, default=300)
     a("--concurrency", type=int, default=8)
     a("--seed", type=int, default=0)
@@ -366,7 +353,10 @@ def parse_args(argv=None):
     a("--idle-timeout", type=float, default=300)
     a("--settle-s", type=float, default=3.0)
     a("--out", default=None, help="JSON file to write")
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    if args.start_server is not None and not args.out:
+        p.error("--start-server needs --out (the server's log goes beside it)")
+    return args
 
 
 def soak(args, argv=None) -> dict:
@@ -391,8 +381,7 @@ def soak(args, argv=None) -> dict:
     errors = [o for o in outs if o.status == "error"]
     by = lambda pred: sum(1 for j in jobs if pred(j))
     res = {
-        "command": " ".join(shlex.quote(x) for x in
-                            ["benchmarks/soak.py", *(sys.argv[1:] if argv is None else argv)]),
+        "command": command_line(argv, prog="benchmarks/soak.py"),
         "requests": len(jobs), "aborted": count("aborted"), "completed": count("completed"),
         "errors": len(errors), "leaked_slots": leaks["leaked_slots"],
         "healthy": healthy(url), "idle_before": before, "idle_after": leaks,
@@ -424,14 +413,46 @@ def soak(args, argv=None) -> dict:
     return res
 
 
+SERVER_BASE_FLAGS = ["--load-format", "dummy", "--skip-tokenizer-init", "--sampling-backend",
+                     "pytorch", "--grammar-backend", "none"]
+SUMMARY_KEYS = ("requests", "aborted", "completed", "errors", "leaked_slots", "healthy",
+                "server_log_tracebacks", "load_s")
+
+
+def soak_own_server(args, argv=None) -> dict:
+    """--start-server: the tiny model's server under the strict memory checker, soaked, then
+    stopped (SIGTERM: SGLang ends its own tree); the result also names the server command
+    and counts the tracebacks in its log (the checker raises in the scheduler)."""
+    model = tiny_model_dir()
+    flags = [*SERVER_BASE_FLAGS, *shlex.split(args.start_server)]
+    log_path = os.path.splitext(args.out)[0] + "-server.log"
+    t0 = time.monotonic()
+    try:
+        server = Server(["--model-path", model, *flags], log_path, env=STRICT_MEM_ENV)
+        print(f"server up after {time.monotonic() - t0:.0f}s", flush=True)
+        try:
+            args.url = server.url
+            res = soak(args, argv)
+        finally:
+            server.stop()
+        shown = server.command()[1:]
+        shown[shown.index(model)] = f"<{TINY_NAME}>"
+        res["server_command"] = " ".join([*(f"{k}={v}" for k, v in STRICT_MEM_ENV.items()),
+                                          command_line(shown, prog=sys.executable)])
+        res["server_log_tracebacks"] = server.log().count("Traceback")
+    finally:
+        shutil.rmtree(model, ignore_errors=True)
+    return res
+
+
 def main(argv=None) -> int:
     args = parse_args(argv)
-    res = soak(args, argv)
+    res = soak(args, argv) if args.start_server is None else soak_own_server(args, argv)
     text = json.dumps(res, indent=1)
     if args.out:
         with open(args.out, "w") as f:
             f.write(text + "\n")
-    print(text)
+    print(text if args.start_server is None else json.dumps({k: res[k] for k in SUMMARY_KEYS}))
     ok = res["errors"] == 0 and res["leaked_slots"] == 0 and res["healthy"]
     return 0 if ok else 1
 

@@ -1,8 +1,9 @@
 """Reliability under load and faults (issue 7): benchmarks/soak.py against a dedicated
 --zipage-async server, then SIGTERM while compactions run.
 
-The server runs the 2-layer dummy Qwen3 of benchmarks/bench_throughput.py (--tiny) with
---skip-tokenizer-init, so 80 requests fit in about a CPU minute; the zipage code
+The server runs the 2-layer dummy Qwen3 (sglang_zipage.harness.engines.tiny_model_dir, the
+benchmarks' --tiny) with --skip-tokenizer-init, so 80 requests fit in about a CPU minute
+(soak.py runs as a command, as on the GPU machine); the zipage code
 paths (scoring, shadow compactions, commits, frees at abort) are the same as for any
 model. SGLang's strict memory checker runs after every busy step and when idle: a leak,
 double free or bad page kills the scheduler (unhealthy server, traceback in the log).
@@ -11,6 +12,7 @@ Run: .venv/bin/python -m pytest tests/e2e/test_soak.py
 
 import json
 import shutil
+import subprocess
 import sys
 import threading
 import time
@@ -18,11 +20,9 @@ import time
 import pytest
 import requests
 
-from zipage_server import CHUNK_TOKENS, POOL_TOKENS, REPO, STRICT_MEM_ENV, Server, assert_healthy
-
-sys.path.insert(0, str(REPO / "benchmarks"))
-import soak  # noqa: E402
-from bench_throughput import tiny_model_dir  # noqa: E402
+from sglang_zipage.harness.engines import tiny_model_dir
+from sglang_zipage.harness.server import STRICT_MEM_ENV, Server
+from zipage_server import CHUNK_TOKENS, POOL_TOKENS, REPO, assert_healthy
 
 PAGE, BUDGET, BUFFER = 16, 64, 32
 
@@ -43,11 +43,14 @@ def soak_server(tmp_path_factory):
 
 def test_soak_with_client_aborts_leaves_nothing_behind(soak_server, tmp_path):
     out = tmp_path / "soak.json"
-    res = soak.soak(soak.parse_args([
-        "--url", soak_server.url, "--input-ids", "--num-requests", "80", "--concurrency", "8",
-        "--seed", "7", "--out", str(out)]))
+    run = subprocess.run([sys.executable, str(REPO / "benchmarks" / "soak.py"), "--url", soak_server.url,
+                          "--input-ids", "--num-requests", "80", "--concurrency", "8", "--seed", "7",
+                          "--out", str(out)], capture_output=True, text=True, timeout=1800)
+    assert out.exists(), run.stderr[-3000:]
+    res = json.loads(out.read_text())
     print({k: res[k] for k in ("requests", "aborted", "completed", "errors", "leaked_slots",
                                "load_s", "zipage_delta")})
+    assert run.returncode == 0, run.stderr[-3000:]  # errors, leaks or an unhealthy server
     assert res["requests"] == 80
     assert res["errors"] == 0, res["error_samples"]
     assert res["aborted"] > 0 and res["completed"] > 0
