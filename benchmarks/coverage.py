@@ -75,7 +75,8 @@ MATRIX = [("*", "bfloat16", "triton", 1), ("*", "fp8_e4m3", "triton", 1),
 # Every row's pool: large enough that the default --zipage-memory-fraction (3%) holds a window
 # slot for each of the N_LONG requests compressing at once (a pool of a few thousand tokens
 # would hold none: memory.py), as any real deployment's pool does.
-POOL_TOKENS = 600_000
+POOL_TOKENS = {"deepseek-v3": 2_000_000}  # 128 query heads: a slot costs 3.1 MB
+DEFAULT_POOL_TOKENS = 600_000
 DEFAULT_SHARE = 0.03
 
 def rows(families):
@@ -108,7 +109,7 @@ def engine_kwargs(row, stock):
         kw["disable_hybrid_swa_memory"] = True
     kw["attention_backend"] = backend
     if not row.get("default_pool"):  # else SGLang sizes it from mem_fraction_static, alone
-        kw["max_total_tokens"] = POOL_TOKENS
+        kw["max_total_tokens"] = POOL_TOKENS.get(row["family"], DEFAULT_POOL_TOKENS)
     if stock:
         return dict(zipage_enabled=False, **kw)
     return dict(zipage_mode="fixed", zipage_kv_budget=budget, zipage_buffer=buffer, **kw)
@@ -223,6 +224,7 @@ def drive(args):
                                     str(r["page_size"])) in want]
     if args.default_pool:
         todo = [{**r, "default_pool": True} for r in todo]
+    todo.sort(key=lambda r: r["family"] != "deepseek-v3")  # the rows first
     workdir = args.workdir or os.path.dirname(os.path.abspath(args.out))
     os.makedirs(workdir, exist_ok=True)
     deadline = time.monotonic() + args.deadline_s
