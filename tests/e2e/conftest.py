@@ -10,8 +10,9 @@ for one) reaches the scheduler as one message: the same batch composition on eve
 
 import pytest
 
-from zipage_server import (COMMON_ARGS, REFERENCE_PROMPTS, REFERENCE_TOKENS,
-                           STRICT_MEM_ENV, ZIPAGE_ARGS, Server, chat_prompt, force, token_ids)
+from sglang_zipage.harness.server import STRICT_MEM_ENV, Server
+from zipage_server import (COMMON_ARGS, REFERENCE_PROMPTS, REFERENCE_TOKENS, ZIPAGE_ARGS,
+                           chat_prompt, force, token_ids)
 
 
 def _server(tmp_path_factory, name, args):

@@ -15,8 +15,9 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 import requests
 
-from zipage_server import (CHUNK_TOKENS, POOL_TOKENS, REFERENCE_PROMPTS, STRICT_MEM_ENV, Server,
-                           assert_healthy, chat_prompt, force, nll_ratio, top1_agreement)
+from sglang_zipage.harness.server import STRICT_MEM_ENV, Server
+from zipage_server import (CHUNK_TOKENS, POOL_TOKENS, REFERENCE_PROMPTS, assert_healthy, chat_prompt,
+                           force, nll_ratio, top1_agreement)
 
 PAGE = 16
 BUDGET, BUFFER, LAG = 64, 32, 16  # lag = async_lag(16): a compaction starts at suffix 80

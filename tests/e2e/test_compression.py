@@ -10,9 +10,10 @@ import shutil
 import time
 from concurrent.futures import ThreadPoolExecutor
 
+from sglang_zipage.harness.engines import tiny_model_dir
+from sglang_zipage.harness.server import STRICT_MEM_ENV, Server
 from zipage_server import (CHUNK_TOKENS, FIXED_MODE, POOL_TOKENS, REFERENCE_PROMPTS, SMALL_BUDGET,
-                           STRICT_MEM_ENV, Server, assert_healthy, chat_prompt, force,
-                           nll_ratio, tiny_model_dir, top1_agreement)
+                           assert_healthy, chat_prompt, force, nll_ratio, top1_agreement)
 
 PROMPTS = [*REFERENCE_PROMPTS, "Give advice to a student starting university."]
 SYSTEM = ("You are a patient teacher. You explain science to children with short, clear "

@@ -12,8 +12,9 @@ import shutil
 
 import pytest
 
-from zipage_server import (POOL_TOKENS, SMALL_BUDGET, STRICT_MEM_ENV, Server, assert_healthy,
-                           tiny_model_dir)
+from sglang_zipage.harness.engines import tiny_model_dir
+from sglang_zipage.harness.server import STRICT_MEM_ENV, Server
+from zipage_server import POOL_TOKENS, SMALL_BUDGET, assert_healthy
 
 ALONE_TOKENS = 500  # 16 + 500 columns: fits the 640-token pool, 6x the budget + buffer
 CROWD, CROWD_TOKENS = 8, 300  # 8 x 316 columns: four times the pool

@@ -19,7 +19,8 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from zipage_server import REPO, STRICT_MEM_ENV, Server, assert_healthy
+from sglang_zipage.harness.server import STRICT_MEM_ENV, Server
+from zipage_server import REPO, assert_healthy
 
 BUDGET, BUFFER = 64, 16
 FAMILIES = {"gemma3-fp8": ("tiny-gemma3", ["--kv-cache-dtype", "fp8_e4m3"])}

@@ -27,8 +27,11 @@ from concurrent.futures import ThreadPoolExecutor
 
 import requests
 
-from zipage_server import (COMMON_ARGS, FIXED_MODE, POOL_TOKENS, SMALL_BUDGET, STRICT_MEM_ENV, ZIPAGE_ARGS,
-                           Server, assert_healthy, free_port, load_example, tiny_model_dir)
+from sglang_zipage.harness.engines import tiny_model_dir
+from sglang_zipage.harness.probe import zipage_states
+from sglang_zipage.harness.server import STRICT_MEM_ENV, Server, free_port
+from zipage_server import (COMMON_ARGS, FIXED_MODE, POOL_TOKENS, SMALL_BUDGET, ZIPAGE_ARGS,
+                           assert_healthy, load_example)
 
 TOKENS = 160  # twice past budget + buffer (80)
 
@@ -40,11 +43,6 @@ TOKENS = 160  # twice past budget + buffer (80)
 CPU_TP_ENV = {"SGLANG_CPU_OMP_THREADS_BIND": "0|1", "SGLANG_NCCL_SO_PATH": "no-nccl-on-cpu"}
 
 
-def _states(server):
-    info = requests.get(server.url + "/server_info", timeout=60).json()
-    return [s.get("zipage") for s in info["internal_states"]]
-
-
 def test_data_parallel_replicas_compress_on_their_own(tmp_path):
     model = tiny_model_dir()
     server = Server(["--model-path", model, "--load-format", "dummy", "--skip-tokenizer-init",
@@ -52,7 +50,7 @@ def test_data_parallel_replicas_compress_on_their_own(tmp_path):
                      *FIXED_MODE],
                     tmp_path / "dp.log", env=STRICT_MEM_ENV)
     try:
-        limit = _states(server)[0]["budget_limit_tokens"]
+        limit = zipage_states(server.url)[0]["budget_limit_tokens"]
         # Round robin over 8 requests gives each replica 4, at most 2 of them opted out.
         budgets = [None] * 6 + [0, 0]
 
@@ -73,7 +71,7 @@ def test_data_parallel_replicas_compress_on_their_own(tmp_path):
             else:
                 assert meta["zipage_compactions"] >= 1
                 assert meta["zipage_kv_len"] <= meta["prompt_tokens"] + limit
-        states = _states(server)
+        states = zipage_states(server.url)
         assert len(states) == 2 and all(s["active"] for s in states)
         assert all(s["compactions"] >= 2 for s in states), states  # both replicas compressed
         assert all(s["max_suffix_tokens"] <= limit for s in states)
@@ -90,7 +88,7 @@ def test_tensor_parallel_ranks_take_the_same_compaction_decisions(tmp_path):
                      *SMALL_BUDGET, *FIXED_MODE],
                     tmp_path / "tp.log", env={**STRICT_MEM_ENV, **CPU_TP_ENV})
     try:
-        (state,) = _states(server)
+        (state,) = zipage_states(server.url)
         limit = state["budget_limit_tokens"]
         assert state["layout"]["query_heads"] == 2  # this rank's half of the 4 query heads
         # One batch: 6 requests at the server's budget, 2 opted out (every rank must see
@@ -108,7 +106,7 @@ def test_tensor_parallel_ranks_take_the_same_compaction_decisions(tmp_path):
             else:
                 assert meta["zipage_compactions"] >= 1
                 assert meta["zipage_kv_len"] <= meta["prompt_tokens"] + limit
-        (state,) = _states(server)
+        (state,) = zipage_states(server.url)
         ranks = state["tp_ranks"]
         assert len(ranks) == 2 and ranks[0]["decisions"] == state["compactions"] >= 6
         assert state["tp_ranks_agree"], ranks
