@@ -23,7 +23,10 @@ import argparse
 import glob
 import json
 import os
+import subprocess
 import sys
+
+from sglang_zipage.harness.record import write_json
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 CONFIGS = {
@@ -49,14 +52,13 @@ def flags(name: str):
 
 
 def run(args, rest) -> None:
-    sys.path.insert(0, HERE)
-    import bench_throughput
-
+    """bench_throughput.py once per configuration, each in its own process."""
     os.makedirs(args.dir[0], exist_ok=True)
     for name in args.configs.split(","):
         out = os.path.join(args.dir[0], f"{name}.json")
         print(f"[composability] {name}", flush=True)
-        bench_throughput.main([*rest, *flags(name), "--out", out])
+        subprocess.run([sys.executable, os.path.join(HERE, "bench_throughput.py"),
+                        *rest, *flags(name), "--out", out], check=False)
 
 
 def merge(args) -> None:
@@ -82,8 +84,7 @@ def merge(args) -> None:
                      "on their stream) / window wall time; in async mode they overlap decode",
                      "async_awaited_share": "async compactions the next forward had to wait "
                      "for at the limit (not finished in time) / async compactions"}}
-    with open(args.out, "w") as f:
-        json.dump(res, f, indent=1)
+    write_json(res, args.out)
     for c in configs:
         print("CONFIG", json.dumps({k: c[k] for k in ("config", "output_tok_s", "compaction_share",
                                                       "async_awaited_share", "error")}))

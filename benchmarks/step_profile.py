@@ -1,9 +1,9 @@
 #!/usr/bin/env python3
 """What one decode step with many short sequences costs, and where it goes (issue 18, item 2).
 
-For each engine in --engines: start it (bench_throughput.py's engine and flags; every flag
-this file does not know goes to bench_throughput's parser, e.g. --attention-backend,
---zipage-kv-budget, --disable-prefill-cuda-graph), warm it up, then hold --running requests
+For each engine in --engines: start it (the engine and flags of bench_throughput.py, from
+sglang_zipage.harness.engines, e.g. --attention-backend, --zipage-kv-budget,
+--disable-prefill-cuda-graph), warm it up, then hold --running requests
 in decode at the same KV per request for both engines:
   zipage  fixed mode (unless --zipage-option mode=... says otherwise), prompts of
           --input-len ids; once every request has generated budget + 2 buffers
@@ -46,15 +46,16 @@ import gzip
 import json
 import os
 import re
-import shlex
-import sys
 import time
 from collections import defaultdict
 from typing import Dict, List, Tuple
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import bench_throughput as bt  # noqa: E402
-from throughput_load import LoadRun, LoadSpec, ReqRecord, abort_all, log, stream_one  # noqa: E402
+from sglang_zipage.harness import probe
+from sglang_zipage.harness.engines import (add_engine_args, engine_kwargs, on_gpu, start_engine,
+                                           tiny_model_dir, vocab_size, warm_up, zipage_options)
+from sglang_zipage.harness.loads import LoadRun, LoadSpec, ReqRecord, abort_all, make_prompts, stream_one
+from sglang_zipage.harness.record import command_line, git_commit, gpu_name, versions, write_json
+from sglang_zipage.harness.windows import log
 
 GROUPS = (  # first match wins; matched against the kernel name
     ("zipage", re.compile(r"_window_lse|_window_probs|_global_scores|_compact_kv|qwindow|"
@@ -69,61 +70,55 @@ SCHEDULER_FUNCS = re.compile(r": (get_next_batch_to_run|run_batch|process_batch_
                              r"init_forward_metadata|replay|replay_prepare)$")
 
 
-def parse_args(argv=None) -> Tuple[argparse.Namespace, argparse.Namespace]:
+def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     a = p.add_argument
     a("--engines", default="zipage,stock")
-    a("--running", type=int, default=266, help="requests held in decode")
+    a("--running", type=int, default=266,
+      help="requests held in decode (also --max-running-requests unless given)")
     a("--input-len", type=int, default=128, help="zipage's prompt length")
     a("--output-len", type=int, default=16384, help="max_new_tokens (never reached)")
     a("--stock-output-len", type=int, default=1024)
     a("--measure-s", type=float, default=5.0)
     a("--profile-steps", type=int, default=16)
     a("--trace-dir", default="/tmp/zipage-step-traces")
+    a("--commit", default=None, help="default: $ZIPAGE_COMMIT, else git rev-parse HEAD")
     a("--out", default="step_profile.json")
-    own, rest = p.parse_known_args(argv)
-    # bench_throughput's parser takes the engine flags; its own --out/--engines are unused here
-    bta = bt.parse_args(rest + ["--max-running-requests", str(own.running)]
-                        if "--max-running-requests" not in rest else rest)
-    if not any(o.startswith("mode=") for o in bta.zipage_option):
-        bta.zipage_option.append("mode=fixed")  # compress at the limit, whatever the pool
-    if "stock" in own.engines and kv_per_request(own, bta) - 128 < 32:
+    add_engine_args(p)
+    args = p.parse_args(argv)
+    if args.max_running_requests is None:
+        args.max_running_requests = args.running
+    if not any(o.startswith("mode=") for o in args.zipage_option):
+        args.zipage_option.append("mode=fixed")  # compress at the limit, whatever the pool
+    if "stock" in args.engines and kv_per_request(args) - 128 < 32:
         p.error("stock's prompts are --input-len + budget + buffer / 2 - 128 ids: raise "
                 "--input-len so that they are at least 32")
-    return own, bta
+    return args
 
 
-def kv_per_request(own, bta) -> float:
-    return own.input_len + bta.zipage_kv_budget + bta.zipage_buffer / 2
+def kv_per_request(args) -> float:
+    return args.input_len + args.zipage_kv_budget + args.zipage_buffer / 2
 
 
-def prompts_for(which: str, own, bta, vocab: int) -> Tuple[List[List[int]], int]:
+def prompts_for(which: str, args, vocab: int) -> Tuple[List[List[int]], int]:
     """(prompts, output tokens each request has before measuring starts)."""
     if which == "zipage":
-        n_in, ready = own.input_len, bta.zipage_kv_budget + 2 * bta.zipage_buffer
+        n_in, ready = args.input_len, args.zipage_kv_budget + 2 * args.zipage_buffer
     else:
-        n_in, ready = round(kv_per_request(own, bta)) - 128, 8
-    spec = LoadSpec("step-profile", own.running, n_in, own.output_len, 0, "window")
-    return bt.make_prompts(spec, vocab, bta.seed), ready
+        n_in, ready = round(kv_per_request(args)) - 128, 8
+    spec = LoadSpec("step-profile", args.running, n_in, args.output_len, 0, "window")
+    return make_prompts(spec, vocab, args.seed), ready
 
 
-def output_len(which: str, own) -> int:
-    return own.output_len if which == "zipage" else own.stock_output_len
+def output_len(which: str, args) -> int:
+    return args.output_len if which == "zipage" else args.stock_output_len
 
 
-async def wait_for(cond, timeout_s: float, what: str) -> None:
-    t_end = time.perf_counter() + timeout_s
-    while not cond():
-        if time.perf_counter() > t_end:
-            raise TimeoutError(f"timed out after {timeout_s:.0f} s waiting for {what}")
-        await asyncio.sleep(0.2)
-
-
-async def measure(engine, which: str, own, bta, vocab: int, trace_dir: str) -> Dict:
-    prompts, ready = prompts_for(which, own, bta, vocab)
-    sp = {"max_new_tokens": output_len(which, own), "ignore_eos": True, "temperature": 0.0,
-          "stream_interval": bta.stream_interval}
+async def measure(engine, which: str, args, vocab: int, trace_dir: str) -> Dict:
+    prompts, ready = prompts_for(which, args, vocab)
+    sp = {"max_new_tokens": output_len(which, args), "ignore_eos": True, "temperature": 0.0,
+          "stream_interval": args.stream_interval}
     run = LoadRun(which, LoadSpec("step-profile", len(prompts), len(prompts[0]), sp["max_new_tokens"],
                                   0, "window"))
     run.records = [ReqRecord() for _ in prompts]
@@ -132,33 +127,33 @@ async def measure(engine, which: str, own, bta, vocab: int, trace_dir: str) -> D
     tm = engine.tokenizer_manager
     out: Dict = {"prompt_len": len(prompts[0]), "ready_after_tokens": ready}
     try:
-        await wait_for(lambda: min(r.tokens for r in run.records) >= ready, 600,
-                       f"every request to reach {ready} output tokens")
+        await probe.wait_until(lambda: min(r.tokens for r in run.records) >= ready, 600,
+                               f"every request to reach {ready} output tokens")
         out["ready_s"] = round(run.now(), 1)
-        load0, tok0, t0 = (await tm.get_loads())[0], run.tokens, time.perf_counter()
-        await asyncio.sleep(own.measure_s)
-        load1, tok1, t1 = (await tm.get_loads())[0], run.tokens, time.perf_counter()
+        load0, tok0, t0 = await probe.engine_load(engine), run.tokens, time.perf_counter()
+        await asyncio.sleep(args.measure_s)
+        load1, tok1, t1 = await probe.engine_load(engine), run.tokens, time.perf_counter()
         running = (load0.num_running_reqs + load1.num_running_reqs) / 2
         out.update(running=running, used_kv_tokens=[load0.num_used_tokens, load1.num_used_tokens],
                    output_tok_s=round((tok1 - tok0) / (t1 - t0), 1),
                    step_ms=round(running * (t1 - t0) * 1000 / max(1, tok1 - tok0), 3))
-        state = (await tm.get_internal_state())[0].get("zipage") or {}
+        state = await probe.engine_zipage_state(engine) or {}
         out["zipage_counters"] = {k: state.get(k) for k in ("compactions", "compaction_gpu_ms",
                                                             "decode_tokens") if k in state}
         log(f"{which}: {json.dumps(out)}")
         from sglang.srt.managers.io_struct import ProfileReq
 
         before = set(os.listdir(trace_dir))
-        pid = f"{which}-{bta.attention_backend or 'default'}-{int(time.time())}"
-        await tm.start_profile(ProfileReq(output_dir=trace_dir, num_steps=own.profile_steps,
+        pid = f"{which}-{args.attention_backend or 'default'}-{int(time.time())}"
+        await tm.start_profile(ProfileReq(output_dir=trace_dir, num_steps=args.profile_steps,
                                           activities=["CPU", "GPU"], with_stack=True,
                                           record_shapes=False, profile_id=pid))
-        await wait_for(lambda: any(f.startswith(pid) and f.endswith(".gz") and f not in before
-                                   for f in os.listdir(trace_dir)), 300, "the profiler trace")
+        await probe.wait_until(lambda: any(f.startswith(pid) and f.endswith(".gz") and f not in before
+                                           for f in os.listdir(trace_dir)), 300, "the profiler trace")
         await asyncio.sleep(5)  # the file is written in one go; let it close
         path = next(os.path.join(trace_dir, f) for f in os.listdir(trace_dir) if f.startswith(pid))
         out["trace"] = path
-        out["profile"] = summarize_trace(path, own.profile_steps)
+        out["profile"] = summarize_trace(path, args.profile_steps)
     finally:
         await abort_all(engine, tasks)
     return out
@@ -271,25 +266,25 @@ def short(name: str) -> str:
 
 # ----------------------------------------------------------------------- main
 def main(argv=None) -> None:
-    own, bta = parse_args(argv)
-    os.makedirs(own.trace_dir, exist_ok=True)
-    model_dir = bt.tiny_model_dir() if bta.tiny else os.path.abspath(bta.model)
-    vocab = bt.vocab_size(model_dir)
-    res = {"benchmark": "step_profile", "command": " ".join(shlex.quote(x) for x in sys.argv),
-           "commit": bta.commit or bt.git_commit(), "versions": bt.versions(),
-           "running": own.running, "kv_tokens_per_request": kv_per_request(own, bta),
-           "attention_backend": bta.attention_backend or ("triton" if bt.on_gpu(bta) else "torch_native"),
-           "zipage_kv_budget": bta.zipage_kv_budget, "zipage_buffer": bta.zipage_buffer,
+    args = parse_args(argv)
+    os.makedirs(args.trace_dir, exist_ok=True)
+    model_dir = tiny_model_dir() if args.tiny else os.path.abspath(args.model)
+    vocab = vocab_size(model_dir)
+    res = {"benchmark": "step_profile", "command": command_line(),
+           "commit": args.commit or git_commit(), "versions": versions(),
+           "running": args.running, "kv_tokens_per_request": kv_per_request(args),
+           "attention_backend": args.attention_backend or ("triton" if on_gpu(args.device) else "torch_native"),
+           "zipage_kv_budget": args.zipage_kv_budget, "zipage_buffer": args.zipage_buffer,
            "engines": {}}
-    for which in [e.strip() for e in own.engines.split(",") if e.strip()]:
-        kw = bt.engine_kwargs(bta, model_dir)
+    for which in [e.strip() for e in args.engines.split(",") if e.strip()]:
+        kw = engine_kwargs(args, model_dir)
         engine, entry = None, {"engine_kwargs": {k: v for k, v in kw.items() if k != "model_path"}}
         res["engines"][which] = entry
         try:
-            engine, entry["engine_start_s"] = bt.start_engine(which, bta, kw)
-            bt.warm_up(engine, which, bta, own.input_len, vocab)
+            engine, entry["engine_start_s"] = start_engine(which, kw, zipage_options(args), log)
+            warm_up(engine, which, args, args.input_len, vocab)
             entry.update(engine.loop.run_until_complete(
-                measure(engine, which, own, bta, vocab, own.trace_dir)))
+                measure(engine, which, args, vocab, args.trace_dir)))
         except Exception as e:
             import traceback
 
@@ -298,9 +293,9 @@ def main(argv=None) -> None:
         finally:
             if engine is not None:
                 engine.shutdown()
-            bt.write_json(res, own.out)
-    res["gpu"] = bt.gpu_name()
-    bt.write_json(res, own.out)
+            write_json(res, args.out)
+    res["gpu"] = gpu_name()
+    write_json(res, args.out)
     for which, e in res["engines"].items():
         p = e.get("profile") or {}
         log(f"{which}: step {e.get('step_ms')} ms, running {e.get('running')}, kernels "

@@ -40,11 +40,16 @@ def server_info(target) -> Dict:
     return get_json(target, "/server_info") if isinstance(target, str) else target.get_server_info()
 
 
-def zipage_states(target) -> List[Optional[Dict]]:
-    """Every replica's zipage state (None where the scheduler has none: stock SGLang).
-    ``target``: a URL, an Engine or a /server_info dict."""
+def internal_states(target) -> List[Dict]:
+    """``internal_states`` of a URL, an Engine or a /server_info dict: one dict per replica
+    (``memory_usage``, ``startup_time``, ``zipage``, ...)."""
     info = target if isinstance(target, dict) else server_info(target)
-    return [s.get("zipage") for s in info.get("internal_states") or [{}]]
+    return info.get("internal_states") or [{}]
+
+
+def zipage_states(target) -> List[Optional[Dict]]:
+    """Every replica's zipage state (None where the scheduler has none: stock SGLang)."""
+    return [s.get("zipage") for s in internal_states(target)]
 
 
 def zipage_state(target, replica: int = 0) -> Optional[Dict]:
@@ -56,7 +61,7 @@ def info_summary(info: Dict) -> Dict:
     """What a result file keeps of /server_info: SERVER_INFO_KEYS, the zipage configuration,
     the effective running-request limit and the memory use of the first replica."""
     out = {k: info.get(k) for k in SERVER_INFO_KEYS if k in info}
-    states = info.get("internal_states") or [{}]
+    states = internal_states(info)
     if "zipage" in states[0]:
         z = states[0]["zipage"]
         out["zipage"] = {k: z.get(k) for k in ZIPAGE_INFO_KEYS}

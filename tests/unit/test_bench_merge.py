@@ -1,4 +1,5 @@
-"""bench_throughput --merge: single-engine result files become side-by-side rows.
+"""bench_throughput --merge (sglang_zipage.harness.merge.merge_first_wave): single-engine
+result files become side-by-side rows.
 
 One row per (load, sizes, variant): an FP8 run never lands beside a bf16 one; each engine's
 numbers keep the command and commit that measured them; re-merging a merged file keeps the
@@ -6,11 +7,8 @@ files it was merged from.
 """
 
 import json
-import sys
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
-import bench_throughput as bt  # noqa: E402
+from sglang_zipage.harness.merge import merge_first_wave
 
 SPEC = {"name": "fixed", "num_requests": 256, "input_len": 512, "output_len": 6144,
         "shared_prefix_len": 0, "until": "complete"}
@@ -32,9 +30,9 @@ def test_merge_pairs_engines_per_variant_and_keeps_provenance(tmp_path):
              result_file(tmp_path, "zipage", "zipage", 6000.0, "bbb"),
              result_file(tmp_path, "stock-fp8", "stock", 5000.0, "ccc", "fp8_e4m3")]
     first = tmp_path / "first.json"
-    bt.merge(files, str(first))
+    merge_first_wave(files, str(first))
     later = result_file(tmp_path, "zipage-fp8", "zipage", 7500.0, "ddd", "fp8_e4m3")
-    out = bt.merge([str(first), later], str(tmp_path / "out.json"))
+    out = merge_first_wave([str(first), later], str(tmp_path / "out.json"))
 
     rows = {e["kv_cache_dtype"]: e for e in out["loads"]}
     assert set(rows) == {"auto", "fp8_e4m3"} and len(out["loads"]) == 2
