@@ -273,7 +273,57 @@ def drive(args):
     print("SUMMARY", json.dumps(counts), flush=True)
 
 
+# ------------------------------------------------------------------------------- merge
+def _key(row):
+    return (row["family"], row["kv_dtype"], row["attention_backend"], int(row["page_size"]),
+            bool(row.get("default_pool")))
+
+
+def _harness_failure(row) -> bool:
+    """A row the driver could not measure (no result: a crash outside the checks, such as
+    another row's engine holding the GPU memory, or the deadline), as opposed to a check
+    that failed."""
+    return row["status"] == "fail" and "evidence" not in row
+
+
+def merge(base: dict, runs: list) -> dict:
+    """Rows of later runs replace the base's (the replaced result kept under "previous");
+    a later run that could not measure a row leaves the row's last result and is listed
+    under its "attempts". Each row keeps the commit and command it was measured with."""
+    out = {k: v for k, v in base.items() if k not in ("rows", "summary")}
+    rows = {_key(r): r for r in base.get("rows", [])}
+    for run in runs:
+        for r in run["rows"]:
+            r = {**r, "commit": r.get("commit", run["commit"]),
+                 "command": r.get("command", run["command"])}
+            old = rows.get(_key(r))
+            if _harness_failure(r) and old is not None:
+                old.setdefault("attempts", []).append(
+                    {k: r.get(k) for k in ("commit", "command", "error", "log_tail")})
+                continue
+            if old is not None:
+                earlier = old.get("previous", [])
+                earlier = earlier if isinstance(earlier, list) else [earlier]
+                r["previous"] = [{k: v for k, v in old.items() if k != "previous"}] + earlier
+            rows[_key(r)] = r
+    out["rows"] = list(rows.values())
+    out["summary"] = {s: sum(r["status"] == s for r in out["rows"]) for s in ("pass", "refused", "fail")}
+    return out
+
+
 def main():
+    if len(sys.argv) > 1 and sys.argv[1] == "merge":
+        p = argparse.ArgumentParser(description="merge coverage runs into one results file")
+        p.add_argument("merge")
+        p.add_argument("base", help="the results file so far")
+        p.add_argument("runs", nargs="+", help="later runs' JSON, oldest first")
+        p.add_argument("--out", required=True)
+        a = p.parse_args()
+        merged = merge(json.load(open(a.base)), [json.load(open(f)) for f in a.runs])
+        with open(a.out, "w") as f:
+            json.dump(merged, f, indent=1)
+        print("SUMMARY", json.dumps(merged["summary"]))
+        return
     if len(sys.argv) > 1 and sys.argv[1] == "row":
         run_row(json.loads(sys.argv[2]), sys.argv[3])
         return

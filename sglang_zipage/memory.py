@@ -4,7 +4,8 @@ Zipage keeps two buffers on the device beside SGLang's KV pool:
   global scores   [layers, pool slots + page, kv heads] fp32: a fixed cost per pool token,
                   like the KV itself (none with --zipage-decay 0)
   query window    [layers, slots + 1, W, query heads, query width]: the last W decode queries
-                  of the requests near a compaction (query_window.py); a cost per window slot
+                  of the requests near a compaction (query_window.py); a cost per window slot,
+                  plus its table of each request row's slot (int64 per req_pool_idx)
 SGLang sizes the pool from the memory it is given; the pool then gives zipage its bytes:
 it shrinks by exactly what zipage keeps, so nothing is allocated outside that memory.
 
@@ -57,6 +58,11 @@ class BufferShapes:
         """The ring holds one dump row beside the slots (query_window.py)."""
         return (slots + 1) * self.slot_bytes(window) if slots else 0
 
+    @staticmethod
+    def table_bytes(max_running: int) -> int:
+        """The slot of each req_pool_idx row (SGLang allocates max_running + 1), int64."""
+        return 8 * (max_running + 1)
+
 
 @dataclass(frozen=True)
 class MemoryPlan:
@@ -67,12 +73,13 @@ class MemoryPlan:
     slot_bytes: int
     score_bytes: int
     window_bytes: int
+    table_bytes: int
     share: float
     slots_wanted: int  # M2's bound: what could be in flight
 
     @property
     def zipage_bytes(self) -> int:
-        return self.score_bytes + self.window_bytes
+        return self.score_bytes + self.window_bytes + self.table_bytes
 
     @property
     def kv_pool_bytes(self) -> int:
@@ -113,18 +120,21 @@ def plan(shapes: BufferShapes, *, stock_pool_tokens: int, cell_bytes: int, avail
     cap = int(share * stock_bytes)
     slot = shapes.slot_bytes(window)
     scores = shapes.score_bytes(stock_pool_tokens, page)
+    table = shapes.table_bytes(max_running)
     wanted = slots_wanted(stock_pool_tokens, max_running, limit, window)
-    fit = (cap - scores) // slot - 1 if cap > scores else -1  # the ring's dump row counts
+    fixed = scores + table
+    fit = (cap - fixed) // slot - 1 if cap > fixed else -1  # the ring's dump row counts
     if fit < 1:
-        raise NoRoom(_no_room(model, shapes, scores, slot, stock_bytes, share, window))
+        raise NoRoom(_no_room(model, shapes, fixed, slot, stock_bytes, share, window))
     slots = min(wanted, fit)
-    total = scores + shapes.window_bytes(slots, window)
+    total = fixed + shapes.window_bytes(slots, window)
     room = max(0, available_bytes - total) // cell_bytes  # M3
     pool = min(stock_pool_tokens, room) // page * page
     return MemoryPlan(pool_tokens=pool, stock_pool_tokens=stock_pool_tokens, cell_bytes=cell_bytes,
                       window_slots=slots, slot_bytes=slot,
                       score_bytes=shapes.score_bytes(pool, page),
-                      window_bytes=shapes.window_bytes(slots, window), share=share,
+                      window_bytes=shapes.window_bytes(slots, window), table_bytes=table,
+                      share=share,
                       slots_wanted=wanted)
 
 

@@ -112,6 +112,9 @@ class ZipageRuntime:
                                             dtype=torch.float32, device=self.device)
         self.memory_bytes = self.window.nbytes + (self.score_buffer.numel() * 4
                                                   if self.score_buffer is not None else 0)
+        if self.memory_bytes > plan.zipage_bytes:  # M1 holds by construction; say if not
+            logger.warning("zipage: buffers take %d bytes, %d more than planned",
+                           self.memory_bytes, self.memory_bytes - plan.zipage_bytes)
         if cfg.async_compaction:
             # Fresh slots for shadows in flight, set aside from admission (shadow_reserve).
             n = max(1, min(SHADOW_BUDGETS, model_runner.max_total_num_tokens // (16 * cfg.kv_budget)))

@@ -52,6 +52,7 @@ def test_zipage_fits_inside_what_the_pool_would_have_had(tokens, running, share,
     assert 1 <= p.window_slots <= min(running, tokens // (2304 - 16) + 1)  # M2
     assert p.score_bytes == 4 * (p.pool_tokens + page) * 8 * 4
     assert p.window_bytes == (p.window_slots + 1) * 4 * 16 * heads * 128 * 2
+    assert p.table_bytes == 8 * (running + 1)
 
 
 def test_the_pool_shrinks_by_exactly_what_zipage_keeps():
@@ -65,9 +66,9 @@ def test_the_share_bounds_the_window_before_what_could_be_in_flight():
     p = plan(tokens=100_000, running=4096, share=0.01)
     cap = 0.01 * 100_000 * QWEN3_8B_CELL
     assert p.window_slots < p.slots_wanted
-    scores = QWEN3_8B_4L.score_bytes(100_000, 1)  # sized on the pool before it shrank
-    assert scores + QWEN3_8B_4L.window_bytes(p.window_slots, 16) <= cap  # as many as fit
-    assert scores + QWEN3_8B_4L.window_bytes(p.window_slots + 1, 16) > cap
+    fixed = QWEN3_8B_4L.score_bytes(100_000, 1) + p.table_bytes  # on the pool before it shrank
+    assert fixed + QWEN3_8B_4L.window_bytes(p.window_slots, 16) <= cap  # as many as fit
+    assert fixed + QWEN3_8B_4L.window_bytes(p.window_slots + 1, 16) > cap
     assert plan(tokens=100_000, running=5).window_slots == 5  # SGLang's own request cap
 
 
