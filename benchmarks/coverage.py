@@ -14,11 +14,17 @@ memory checker on:
             output ids equal stock's
   compress  16 prompts x 200 ids x 900 greedy tokens, one batch: every request reaches 900
             tokens, the engine compacted at least once per buffer after the first limit,
-            and no suffix outgrew budget + buffer
+            and no suffix outgrew budget + buffer (DeepSeek-V3: a second batch at a
+            per-request budget of 2048, 16 x 2600 tokens)
+  memory    zipage's buffers (memory_bytes of /server_info) take at most 3% of the pool
+            stock sizes from the same flags (issue 28); start times and zipage's own
+            kernel warm-up (warm_up_s) are recorded
 A startup refusal (the engine raises before serving, naming the model or flag) is status
 ``refused``; a failed check, a crash or a timeout is ``fail``. Rows run ``--parallel`` at a
-time on one GPU (pools sized to the work); the driver writes the JSON after every row, so a
-run cut short keeps what it measured. Families and rows: FAMILIES and MATRIX below.
+time on one GPU, and only as many as GPU_GIB (each row's estimate) lets share it; the driver
+writes the JSON after every row, so a run cut short keeps what it measured. Families and
+rows: FAMILIES and MATRIX below. ``coverage.py merge BASE RUN... --out`` folds runs into the
+results file (benchmarks/results/coverage-h200.json).
 """
 
 from __future__ import annotations
@@ -29,6 +35,7 @@ import os
 import random
 import subprocess
 import sys
+import threading
 import time
 import traceback
 from concurrent.futures import ThreadPoolExecutor
@@ -75,6 +82,11 @@ MATRIX = [("*", "bfloat16", "triton", 1), ("*", "fp8_e4m3", "triton", 1),
 # Every row's pool: large enough that the default --zipage-memory-fraction (3%) holds a window
 # slot for each of the N_LONG requests compressing at once (a pool of a few thousand tokens
 # would hold none: memory.py), as any real deployment's pool does.
+# GPU memory a row's engine holds (weights, pool, graphs), to start no more rows at once than
+# fit: eight rows side by side at c903d7e ran out of memory (DeepSeek-V3 ~24 GiB each).
+GPU_GIB = {"deepseek-v3": 30}
+DEFAULT_GPU_GIB = 14
+GPU_GIB_TOTAL = 120
 POOL_TOKENS = {"deepseek-v3": 2_000_000}  # 128 query heads: a slot costs 3.1 MB
 DEFAULT_POOL_TOKENS = 600_000
 DEFAULT_SHARE = 0.03
@@ -238,7 +250,22 @@ def drive(args):
                         "cuda_graphs": True, "overlap": True, "strict_mem_check": True},
               "rows": []}
 
+    room = threading.Condition()
+    free = [GPU_GIB_TOTAL]
+
     def one(i_row):
+        gib = GPU_GIB.get(i_row[1]["family"], DEFAULT_GPU_GIB)
+        with room:
+            room.wait_for(lambda: free[0] >= gib)
+            free[0] -= gib
+        try:
+            return run_one(i_row)
+        finally:
+            with room:
+                free[0] += gib
+                room.notify_all()
+
+    def run_one(i_row):
         i, row = i_row
         part = os.path.join(workdir, f"row{i:02d}.json")
         log = open(os.path.join(workdir, f"row{i:02d}.log"), "w")
