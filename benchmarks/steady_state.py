@@ -298,7 +298,7 @@ class Run:
         self.doc = dict(benchmark="steady_state", status="starting", engine=args.engine,
                         command=command_line(argv), commit=args.commit or git_commit(),
                         started=time.strftime("%Y-%m-%d %H:%M:%S"),
-                        model_dir=f"tiny ({TINY_NAME})" if args.tiny else self.model_dir,
+                        model_dir=TINY_NAME if args.tiny else self.model_dir,
                         model_config=model_config(self.model_dir), notes=NOTES,
                         load=dict(num_prompts=args.num_prompts, request_rate=args.request_rate,
                                   input_len=args.input_len, output_len=args.output_len,
