@@ -22,7 +22,7 @@ permuted slots. Measures (CUDA events, warm-up first, median of N):
                        count, S_max padded as the planner pads it, lengths, k): 0 new ones
                        means no compile stall mid-serving; each shape's first and second
                        call times
-Imports torch, triton and sglang_zipage.{kernels,scoring,query_window} only.
+Imports torch, triton and sglang_zipage.{kernels,scoring,query_window,harness.record} only.
 
 Run:  PYTHONPATH=$PWD python3 benchmarks/bench_kernels.py --out results/kernels-h200.json
 CPU:  PYTHONPATH=$PWD python3 benchmarks/bench_kernels.py --tiny --out /tmp/k.json
@@ -31,11 +31,9 @@ CPU:  PYTHONPATH=$PWD python3 benchmarks/bench_kernels.py --tiny --out /tmp/k.js
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import platform
 import statistics
-import subprocess
 import sys
 import time
 import traceback
@@ -56,6 +54,7 @@ from sglang_zipage.kernels import scores as scores_mod  # noqa: E402
 from sglang_zipage.kernels.compaction import compact_kv  # noqa: E402
 from sglang_zipage.kernels.pool_decay_protect import global_scores  # noqa: E402
 from sglang_zipage.kernels.scores import window_attention_scores  # noqa: E402
+from sglang_zipage.harness.record import command_line, git_commit, gpu_name, versions, write_json  # noqa: E402
 from sglang_zipage.query_window import QueryWindow  # noqa: E402
 from sglang_zipage.scoring import (LayerKV, ScoringParams, in_place_order,  # noqa: E402
                                    score_tokens, select_and_compact)
@@ -330,27 +329,21 @@ def jit_variants(cfg, pool):
     return res
 
 
-def git_commit():
-    try:
-        return subprocess.check_output(["git", "rev-parse", "HEAD"], stderr=subprocess.DEVNULL, text=True).strip()
-    except Exception:
-        return "unknown"
-
-
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", required=True, help="JSON output path")
     ap.add_argument("--tiny", action="store_true", help="small dims, runs on CPU (interpreter)")
-    ap.add_argument("--commit", default=None, help="git sha to record (default: git rev-parse HEAD)")
+    ap.add_argument("--commit", default=None,
+                    help="git sha to record (default: $ZIPAGE_COMMIT, else git rev-parse HEAD)")
     args = ap.parse_args()
     cfg = TINY if args.tiny else FULL
     dev = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
     res = dict(
-        command=" ".join([os.path.basename(sys.executable)] + sys.argv),
-        commit=args.commit or git_commit(),
-        gpu=torch.cuda.get_device_name(dev) if dev.type == "cuda" else f"cpu ({platform.processor()})",
-        versions=dict(torch=torch.__version__, triton=triton.__version__, python=platform.python_version()),
+        command=command_line(prog=f"{os.path.basename(sys.executable)} {sys.argv[0]}"),
+        commit=args.commit or git_commit() or "unknown",
+        gpu=gpu_name(cpu=f"cpu ({platform.processor()})"),
+        versions=versions(("torch", "triton")),
         config={k: (str(v) if k == "dtype" else v) for k, v in cfg.items()},
     )
     log("device", res["gpu"], "config", res["config"])
@@ -391,8 +384,7 @@ def main():
     res["jit_variants"] = section("jit_variants", lambda: jit_variants(cfg, pool))
     log("jit variants", res["jit_variants"])
     os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
-    with open(args.out, "w") as f:
-        json.dump(res, f, indent=2)
+    write_json(res, args.out, indent=2)
     log("wrote", args.out)
 
 

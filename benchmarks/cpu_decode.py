@@ -3,9 +3,10 @@
 outputs stay under the default budget). usage: python benchmarks/cpu_decode.py --out FILE"""
 
 import argparse
-import json
 import sys
 import time
+
+from sglang_zipage.harness.record import command_line, write_json
 
 
 def main():
@@ -19,7 +20,7 @@ def main():
     sp = {"max_new_tokens": a.tokens, "temperature": 0, "ignore_eos": True}
     prompt = "<|im_start|>user\nWrite about the sea.<|im_end|>\n<|im_start|>assistant\n"
     eng.generate(prompt, {"max_new_tokens": 8})  # warm-up
-    res = {"command": "python " + " ".join(sys.argv), "device": "cpu (2 cores)"}
+    res = {"command": command_line(prog=f"python {sys.argv[0]}"), "device": "cpu (2 cores)"}
     for n in (1, 3):
         t0 = time.perf_counter()
         outs = eng.generate([prompt] * n, sp)
@@ -27,7 +28,7 @@ def main():
         toks = sum(o["meta_info"]["completion_tokens"] for o in outs)
         res[f"requests_{n}_output_tok_s"] = round(toks / dt, 2)
     eng.shutdown()
-    json.dump(res, open(a.out, "w"), indent=1)
+    write_json(res, a.out)
     print(res)
 
 

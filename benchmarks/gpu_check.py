@@ -25,25 +25,27 @@ import sys
 import time
 import traceback
 
+from sglang_zipage.harness import probe
+from sglang_zipage.harness.engines import dummy_engine_kwargs, zipage_kwargs
+from sglang_zipage.harness.record import command_line, git_commit, gpu_name, write_json
+from sglang_zipage.harness.server import STRICT_CHECKS_ENV
+
 N_USERS = int(os.environ.get("GPU_CHECK_USERS", "24"))
 VOCAB = int(os.environ.get("GPU_CHECK_VOCAB", "100000"))
-STRICT = {"SGLANG_ENABLE_STRICT_MEM_CHECK_DURING_BUSY": "1", "SGLANG_CHECK_KV_PAGE_INVARIANTS": "1"}
 
 
 def engine(kind, backend, page, model, budget, buffer, extra):
     """kind: stock, sync or async. Decode graphs up to batch 64 unless extra names them."""
     from sglang_zipage import Engine
 
-    kw = dict(model_path=model, load_format="dummy", skip_tokenizer_init=True,
-              attention_backend=backend, sampling_backend="pytorch", grammar_backend="none",
-              page_size=page, mem_fraction_static=0.5, random_seed=0,
-              disable_prefill_cuda_graph=True, log_level="warning", **extra)
+    kw = dummy_engine_kwargs(model, page_size=page, seed=0, log_level="warning",
+                             attention_backend=backend, mem_fraction_static=0.5,
+                             disable_prefill_cuda_graph=True, **extra)
     if "cuda_graph_bs_decode" not in kw:
         kw["cuda_graph_max_bs_decode"] = 64
-    if kind == "stock":
-        return Engine(zipage_enabled=False, **kw)
-    return Engine(zipage_mode="fixed", zipage_kv_budget=budget, zipage_buffer=buffer,
-                  zipage_async_compaction=kind == "async", **kw)
+    which = "stock" if kind == "stock" else "zipage"
+    return Engine(**kw, **zipage_kwargs(which, dict(mode="fixed", kv_budget=budget, buffer=buffer,
+                                                    async_compaction=kind == "async")))
 
 
 def gen(eng, ids, n, ignore_eos=True):
@@ -67,7 +69,7 @@ def scenarios(eng, rng_seed=0):
     fresh = gen(eng, [users[0]], 32)[0]
     res["radix_output"] = fresh["output_ids"]
     res["radix_cached"] = fresh["meta_info"]["cached_tokens"]
-    res["zipage"] = merged([s.get("zipage") for s in eng.get_server_info()["internal_states"]])
+    res["zipage"] = merged(probe.zipage_states(eng))
     return res
 
 
@@ -113,7 +115,7 @@ def main():
     p.add_argument("--dp-size", type=int, default=1)
     p.add_argument("--out", required=True)
     a = p.parse_args()
-    os.environ.update(STRICT)
+    os.environ.update(STRICT_CHECKS_ENV)
     extra = {}
     if a.disable_overlap_schedule:
         extra["disable_overlap_schedule"] = True
@@ -125,11 +127,8 @@ def main():
         extra["disable_cuda_graph"] = True
     elif a.graph_bs:
         extra["cuda_graph_bs_decode"] = [int(x) for x in a.graph_bs.split(",")]
-    import torch
-
-    report = {"command": " ".join([os.path.basename(sys.executable)] + sys.argv),
-              "gpu": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu",
-              "commit": os.environ.get("ZIPAGE_COMMIT", "unknown"),
+    report = {"command": command_line(prog=f"{os.path.basename(sys.executable)} {sys.argv[0]}"),
+              "gpu": gpu_name(), "commit": git_commit() or "unknown",
               "overlap": not a.disable_overlap_schedule, "cuda_graph": not a.disable_cuda_graph,
               "budget": a.budget, "buffer": a.buffer, "matrix": []}
     modes = [m for m in a.modes.split(",") if m]
@@ -161,8 +160,7 @@ def main():
                 row["error"] = runs.get("error", "engine did not run")
             report["matrix"].append(row)
             print("CHECK", json.dumps({k: v for k, v in row.items() if k != "zipage_state"}), flush=True)
-        with open(a.out, "w") as f:
-            json.dump(report, f, indent=1)
+        write_json(report, a.out)
 
 
 if __name__ == "__main__":
