@@ -40,9 +40,12 @@ import time
 import traceback
 from concurrent.futures import ThreadPoolExecutor
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-MODELS = os.path.join(HERE, "models")
-STRICT = {"SGLANG_ENABLE_STRICT_MEM_CHECK_DURING_BUSY": "1", "SGLANG_CHECK_KV_PAGE_INVARIANTS": "1"}
+from sglang_zipage.harness import probe
+from sglang_zipage.harness.engines import (MODELS, dummy_engine_kwargs, model_config, vocab_size,
+                                           zipage_kwargs)
+from sglang_zipage.harness.record import command_line, git_commit, gpu_name, write_json
+from sglang_zipage.harness.server import STRICT_CHECKS_ENV
+
 PROMPT, SHORT_OUT, LONG_OUT, N_SHORT, N_LONG = 200, 48, 900, 4, 16
 
 # name -> (folder, layers, kv_budget, buffer). Layer counts keep each family's mix of layer
@@ -106,30 +109,26 @@ def engine_kwargs(row, stock):
     folder, layers, budget, buffer = FAMILIES[row["family"]]
     backend = row["attention_backend"]
     override = {"num_hidden_layers": layers, **OVERRIDES.get(row["family"], {})}
-    cfg = json.load(open(os.path.join(MODELS, folder, "config.json")))
+    cfg = model_config(os.path.join(MODELS, folder))
     if "layer_types" in cfg:  # per-layer kinds (gpt-oss): the first `layers` of them
         override["layer_types"] = cfg["layer_types"][:layers]
-    kw = dict(model_path=os.path.join(MODELS, folder), load_format="dummy",
-              skip_tokenizer_init=True, page_size=row["page_size"], random_seed=0,
-              kv_cache_dtype=row["kv_dtype"] if row["kv_dtype"] != "bfloat16" else "auto",
-              json_model_override_args=json.dumps(override),
-              sampling_backend="pytorch", grammar_backend="none", mem_fraction_static=0.85,
-              disable_prefill_cuda_graph=True, cuda_graph_bs_decode=[1, N_SHORT, N_LONG],
-              log_level="warning")
+    kw = dummy_engine_kwargs(
+        os.path.join(MODELS, folder), page_size=row["page_size"], seed=0, log_level="warning",
+        kv_cache_dtype=row["kv_dtype"] if row["kv_dtype"] != "bfloat16" else "auto",
+        json_model_override_args=json.dumps(override), mem_fraction_static=0.85,
+        disable_prefill_cuda_graph=True, cuda_graph_bs_decode=[1, N_SHORT, N_LONG])
     if backend.endswith("-no-hybrid-swa"):
         backend = backend[:-len("-no-hybrid-swa")]
         kw["disable_hybrid_swa_memory"] = True
     kw["attention_backend"] = backend
     if not row.get("default_pool"):  # else SGLang sizes it from mem_fraction_static, alone
         kw["max_total_tokens"] = POOL_TOKENS.get(row["family"], DEFAULT_POOL_TOKENS)
-    if stock:
-        return dict(zipage_enabled=False, **kw)
-    return dict(zipage_mode="fixed", zipage_kv_budget=budget, zipage_buffer=buffer, **kw)
+    return {**kw, **zipage_kwargs("stock" if stock else "zipage",
+                                  {"mode": "fixed", "kv_budget": budget, "buffer": buffer})}
 
 
 def prompts(row, n, seed):
-    cfg = json.load(open(os.path.join(MODELS, FAMILIES[row["family"]][0], "config.json")))
-    hi = min(cfg["vocab_size"], 30000)
+    hi = min(vocab_size(os.path.join(MODELS, FAMILIES[row["family"]][0])), 30000)
     rng = random.Random(seed)
     return [[rng.randrange(100, hi) for _ in range(PROMPT)] for _ in range(n)]
 
@@ -164,8 +163,8 @@ def run_engine(row, stock):
                     "lengths": sorted({o["meta_info"]["completion_tokens"] for o in outs}),
                     "request_compactions": sorted({o["meta_info"]["zipage_compactions"] for o in outs}),
                     "kv_len": max(o["meta_info"]["zipage_kv_len"] for o in outs)}
-            res["zipage"] = eng.get_server_info()["internal_states"][0].get("zipage")
-        state = eng.get_server_info()["internal_states"][0]
+            res["zipage"] = probe.zipage_state(eng)
+        state = probe.internal_states(eng)[0]
         res["pool_tokens"] = state.get("memory_usage", {}).get("token_capacity")
         res["startup_time"] = state.get("startup_time")
     finally:
@@ -215,7 +214,7 @@ def judge(row, stock, zipage):
 
 
 def run_row(row, out_path):
-    os.environ.update(STRICT)
+    os.environ.update(STRICT_CHECKS_ENV)
     result = dict(row)
     try:
         zipage = run_engine(row, stock=False)  # first: a refusal needs no stock run
@@ -223,8 +222,7 @@ def run_row(row, out_path):
         result.update(judge(row, stock, zipage))
     except Exception:
         result.update(status="fail", error=traceback.format_exc()[-3000:])
-    with open(out_path, "w") as f:
-        json.dump(result, f, indent=1)
+    write_json(result, out_path)
 
 
 # ------------------------------------------------------------------------------ driver
@@ -240,11 +238,8 @@ def drive(args):
     workdir = args.workdir or os.path.dirname(os.path.abspath(args.out))
     os.makedirs(workdir, exist_ok=True)
     deadline = time.monotonic() + args.deadline_s
-    import torch
-
-    report = {"command": " ".join(["python3", "benchmarks/coverage.py"] + sys.argv[1:]),
-              "commit": os.environ.get("ZIPAGE_COMMIT", "unknown"),
-              "gpu": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu",
+    report = {"command": command_line(prog="python3 benchmarks/coverage.py"),
+              "commit": git_commit() or "unknown", "gpu": gpu_name(),
               "setup": {"prompt": PROMPT, "short_out": SHORT_OUT, "long_out": LONG_OUT,
                         "n_short": N_SHORT, "n_long": N_LONG, "families": FAMILIES,
                         "cuda_graphs": True, "overlap": True, "strict_mem_check": True},
@@ -286,17 +281,14 @@ def drive(args):
         print("ROW", json.dumps({k: res.get(k) for k in ("family", "kv_dtype", "attention_backend",
                                                          "page_size", "status", "row_s")}), flush=True)
         report["rows"].append(res)
-        with open(args.out + ".tmp", "w") as f:
-            json.dump(report, f, indent=1)
-        os.replace(args.out + ".tmp", args.out)
+        write_json(report, args.out)
         return res
 
     with ThreadPoolExecutor(args.parallel) as ex:
         list(ex.map(one, enumerate(todo)))
     counts = {s: sum(r["status"] == s for r in report["rows"]) for s in ("pass", "refused", "fail")}
     report["summary"] = counts
-    with open(args.out, "w") as f:
-        json.dump(report, f, indent=1)
+    write_json(report, args.out)
     print("SUMMARY", json.dumps(counts), flush=True)
 
 
@@ -347,8 +339,7 @@ def main():
         p.add_argument("--out", required=True)
         a = p.parse_args()
         merged = merge(json.load(open(a.base)), [json.load(open(f)) for f in a.runs])
-        with open(a.out, "w") as f:
-            json.dump(merged, f, indent=1)
+        write_json(merged, a.out)
         print("SUMMARY", json.dumps(merged["summary"]))
         return
     if len(sys.argv) > 1 and sys.argv[1] == "row":
