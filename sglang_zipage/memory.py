@@ -125,7 +125,7 @@ def plan(shapes: BufferShapes, *, stock_pool_tokens: int, cell_bytes: int, avail
     fixed = scores + table
     fit = (cap - fixed) // slot - 1 if cap > fixed else -1  # the ring's dump row counts
     if fit < 1:
-        raise NoRoom(_no_room(model, shapes, fixed, slot, stock_bytes, share, window))
+        raise NoRoom(_no_room(model, shapes, scores, table, slot, stock_bytes, share, window))
     slots = min(wanted, fit)
     total = fixed + shapes.window_bytes(slots, window)
     room = max(0, available_bytes - total) // cell_bytes  # M3
@@ -143,19 +143,18 @@ def share_needed(scores: int, slot: int, stock_bytes: int) -> float:
     return (scores + 2 * slot) / max(1, stock_bytes)
 
 
-def _no_room(model, shapes, scores, slot, stock_bytes, share, window) -> str:
-    need = share_needed(scores, slot, stock_bytes)
+def _no_room(model, shapes, scores, table, slot, stock_bytes, share, window) -> str:
+    need = share_needed(scores + table, slot, stock_bytes)
     ways = [f"raise --zipage-memory-fraction to {_round_up(need)} or more",
             f"lower --zipage-window (now {window})"]
     if scores:
-        ways.append(f"pass --zipage-decay 0 (drops the global scores, "
-                    f"{scores / MIB:.1f} MiB)")
+        ways.append(f"pass --zipage-decay 0 (drops the global scores, {scores / MIB:.1f} MiB)")
     return (f"sglang-zipage cannot fit its buffers for {model} in --zipage-memory-fraction "
             f"{share:g} of its {stock_bytes / MIB:.1f} MiB KV pool ({share * stock_bytes / MIB:.1f} "
-            f"MiB): global scores take {scores / MIB:.1f} MiB and one query-window slot "
-            f"{slot / MIB:.2f} MiB ({shapes.scored_layers} layers x W {window} x "
-            f"{shapes.query_heads} query heads x {shapes.query_width}); " + ", ".join(ways)
-            + ", or --zipage-disable")
+            f"MiB): global scores take {scores / MIB:.1f} MiB, the slot table {table / MIB:.2f} "
+            f"MiB and one query-window slot {slot / MIB:.2f} MiB ({shapes.scored_layers} layers x "
+            f"W {window} x {shapes.query_heads} query heads x {shapes.query_width}); "
+            + ", ".join(ways) + ", or --zipage-disable")
 
 
 def score_share(kv_row_bytes: int) -> float:

@@ -16,7 +16,7 @@ import pytest
 import requests
 
 from sglang_zipage.harness.server import STRICT_MEM_ENV, Server
-from zipage_server import (CHUNK_TOKENS, POOL_TOKENS, REFERENCE_PROMPTS, assert_healthy, chat_prompt,
+from zipage_server import (CHUNK_TOKENS, POOL_SHARE, POOL_TOKENS, REFERENCE_PROMPTS, assert_healthy, chat_prompt,
                            force, nll_ratio, top1_agreement)
 
 PAGE = 16
@@ -31,7 +31,7 @@ def async_server(tmp_path_factory):
     srv = Server(["--max-total-tokens", POOL_TOKENS, "--chunked-prefill-size", CHUNK_TOKENS,
                   "--enable-custom-logit-processor", "--page-size", str(PAGE), "--zipage-mode", "fixed",
                   "--zipage-async", "--zipage-kv-budget", str(BUDGET),
-                  "--zipage-buffer", str(BUFFER)], log, env=STRICT_MEM_ENV)
+                  "--zipage-buffer", str(BUFFER), *POOL_SHARE], log, env=STRICT_MEM_ENV)
     yield srv
     alive = srv.stop()
     assert alive == [], f"processes left after SIGTERM: {alive}"

@@ -20,7 +20,7 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 
 from sglang_zipage.harness.server import STRICT_MEM_ENV, Server
-from zipage_server import REPO, assert_healthy
+from zipage_server import POOL_SHARE, REPO, assert_healthy
 
 BUDGET, BUFFER = 64, 16
 FAMILIES = {"gemma3-fp8": ("tiny-gemma3", ["--kv-cache-dtype", "fp8_e4m3"])}
@@ -43,7 +43,8 @@ def family(request, tmp_path_factory):
     logs = tmp_path_factory.mktemp(f"family-{request.param}")
     with ThreadPoolExecutor(2) as ex:  # both start at once
         zipage = ex.submit(Server, [*args, "--zipage-kv-budget", str(BUDGET), "--zipage-buffer",
-                                    str(BUFFER), "--zipage-mode", "fixed"], logs / "zipage.log", env=STRICT_MEM_ENV)
+                                    str(BUFFER), "--zipage-mode", "fixed", *POOL_SHARE],
+                             logs / "zipage.log", env=STRICT_MEM_ENV)
         stock = ex.submit(Server, [*args, "--zipage-disable"], logs / "stock.log", env=STRICT_MEM_ENV)
         zipage, stock = zipage.result(), stock.result()
     yield request.param, zipage, stock

@@ -22,7 +22,7 @@ import requests
 
 from sglang_zipage.harness.engines import tiny_model_dir
 from sglang_zipage.harness.server import STRICT_MEM_ENV, Server
-from zipage_server import CHUNK_TOKENS, POOL_TOKENS, REPO, assert_healthy
+from zipage_server import CHUNK_TOKENS, POOL_SHARE, POOL_TOKENS, REPO, assert_healthy
 
 PAGE, BUDGET, BUFFER = 16, 64, 32
 
@@ -35,7 +35,7 @@ def soak_server(tmp_path_factory):
                   "--max-total-tokens", POOL_TOKENS, "--chunked-prefill-size", CHUNK_TOKENS,
                   "--page-size", str(PAGE), "--zipage-mode", "fixed", "--zipage-async",
                   "--zipage-kv-budget", str(BUDGET),
-                  "--zipage-buffer", str(BUFFER)], log, env=STRICT_MEM_ENV)
+                  "--zipage-buffer", str(BUFFER), *POOL_SHARE], log, env=STRICT_MEM_ENV)
     yield srv
     srv.stop()  # no-op when the SIGTERM test stopped it
     shutil.rmtree(model, ignore_errors=True)

@@ -22,7 +22,11 @@ import requests
 
 REPO = Path(__file__).resolve().parents[2]
 POOL_TOKENS = "640"  # too small for 4 x 300-token outputs, large enough for 4 budgets
-SMALL_BUDGET = ["--zipage-kv-budget", "64", "--zipage-buffer", "16"]
+# The test pools hold a few hundred tokens, whose default 3% share of memory holds no query-
+# window slot (a slot of SmolLM2 costs what 24 pool tokens do): the tests give zipage half,
+# which holds the window slots of every request that can compress at once (memory.py).
+POOL_SHARE = ["--zipage-memory-fraction", "0.5"]
+SMALL_BUDGET = ["--zipage-kv-budget", "64", "--zipage-buffer", "16", *POOL_SHARE]
 # Compress at budget + buffer however much room the pool has (the default, elastic, keeps full
 # KV while there is room): what the tests of compaction itself need.
 FIXED_MODE = ["--zipage-mode", "fixed"]
@@ -32,7 +36,7 @@ REFERENCE_PROMPTS = ["Explain how rainbows form.", "Describe how a bicycle works
 REFERENCE_TOKENS = 200
 # The session servers (conftest): the bundled model, a small pool, chunked prefill.
 COMMON_ARGS = ["--max-total-tokens", POOL_TOKENS, "--chunked-prefill-size", CHUNK_TOKENS,
-               "--enable-custom-logit-processor", "--enable-tokenizer-batch-encode"]
+               "--enable-custom-logit-processor", "--enable-tokenizer-batch-encode", *POOL_SHARE]
 ZIPAGE_ARGS = [*SMALL_BUDGET, *FIXED_MODE, "--enable-metrics", "--enable-cache-report"]
 
 
