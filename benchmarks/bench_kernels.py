@@ -56,8 +56,9 @@ from sglang_zipage.kernels.pool_decay_protect import global_scores  # noqa: E402
 from sglang_zipage.kernels.scores import window_attention_scores  # noqa: E402
 from sglang_zipage.harness.record import command_line, git_commit, gpu_name, versions, write_json  # noqa: E402
 from sglang_zipage.query_window import QueryWindow  # noqa: E402
-from sglang_zipage.scoring import (LayerKV, ScoringParams, in_place_order,  # noqa: E402
-                                   score_tokens, select_and_compact)
+from sglang_zipage.kv_layout import LayerKV  # noqa: E402
+from sglang_zipage.scoring import (ScoringParams, in_place_order, score_tokens,  # noqa: E402
+                                   select_and_compact)
 
 FULL = dict(layers=36, hq=32, hkv=8, d=128, s=2304, k=2048, batches=[1, 8, 32], w=16,
             q_bs=256, dtype=torch.bfloat16, iters=10, copy_bytes=2 << 30)

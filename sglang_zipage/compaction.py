@@ -24,7 +24,8 @@ from typing import List, Optional, Sequence
 import torch
 
 from sglang_zipage.budget import check_i2
-from sglang_zipage.scoring import LayerKV, ScoringParams, select_and_compact
+from sglang_zipage.kv_layout import LayerKV
+from sglang_zipage.scoring import ScoringParams, select_and_compact
 
 # A plan's S_max (its longest suffix) is rounded up to this many columns: Triton compiles a
 # kernel variant per divisibility class of its integer arguments, so suffixes of any length

@@ -37,6 +37,7 @@ from typing import Optional, Sequence, Tuple
 import torch
 import torch.nn.functional as F
 
+from sglang_zipage.kv_layout.base import LayerKV
 from sglang_zipage.kernels import (compact_kv, global_scores, protect_ref, select_topk,
                                    window_attention_scores)
 from sglang_zipage.kernels.reference import dequantize_keys, valid_positions
@@ -70,19 +71,6 @@ class ScoringParams:
             raise ValueError(f"redundancy_tau={self.redundancy_tau}: must be > 0")
 
 
-@dataclass(frozen=True)
-class QueryAbsorption:
-    """MLA's compact query window: each head's q_nope | q_rope is stored before absorption
-    and absorbed here, per layer, with the weight the model absorbs it with.
-
-    weights: per scored layer (w_kc [Hq, nope, kv_lora_rank], scale): the absorbed q_nope
-             is q_nope @ (w_kc * scale) (scale 1, or an FP8 w_kc's per-tensor scale).
-    rope_dim: the trailing rope part of a stored row, passed through unchanged."""
-
-    weights: Sequence[Tuple[torch.Tensor, object]]
-    rope_dim: int
-
-
 def absorb_queries(q: torch.Tensor, weight: torch.Tensor, scale, rope_dim: int) -> torch.Tensor:
     """q: [..., Hq, nope + rope] stored queries of one layer -> [..., Hq, kv_lora_rank + rope],
     the absorbed queries MLA decode attention scores the latent rows with."""
@@ -93,29 +81,6 @@ def absorb_queries(q: torch.Tensor, weight: torch.Tensor, scale, rope_dim: int) 
         w = w * scale
     absorbed = torch.bmm(nope, w).transpose(0, 1)  # [tokens, Hq, kv_lora_rank]
     return torch.cat([absorbed.reshape(*lead, heads, -1), q[..., -rope_dim:]], dim=-1)
-
-
-@dataclass(frozen=True)
-class LayerKV:
-    """The KV buffers one compaction reads and moves, as a KV layout (kv_layout.py) hands
-    them over.
-
-    keys:       scored layers' key storage, L tensors [slots, Hkv, D] (uint8 for FP8 KV).
-    values:     their value storage, or None when the key row holds the value (MLA).
-    key_dtype:  the FP8 type uint8 keys hold, or None (keys are in the model dtype).
-    key_scales: [L] float32, key = stored * scale (FP8 k_scale), or None (1).
-    recent_keys / recent_values: sliding-window layers of the same pool: they keep the
-                newest k tokens of the suffix, in order, so the window reads what it read.
-    absorb:     the window stores queries before absorption (MLA compact), or None.
-    """
-
-    keys: Sequence[torch.Tensor]
-    values: Optional[Sequence[torch.Tensor]]
-    key_dtype: Optional[torch.dtype] = None
-    key_scales: Optional[torch.Tensor] = None
-    recent_keys: Sequence[torch.Tensor] = ()
-    recent_values: Optional[Sequence[torch.Tensor]] = None
-    absorb: Optional[QueryAbsorption] = None
 
 
 ABSORB_SCRATCH_BYTES = 64 << 20  # absorbed queries held at once (MLA: layers per launch)

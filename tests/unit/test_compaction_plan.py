@@ -12,7 +12,8 @@ from sglang.srt.mem_cache.allocator.token import TokenToKVPoolAllocator
 from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool, ReqToTokenPool
 from sglang_zipage.compaction import (S_MAX_ALIGN, CompactionItem, commit_shadow, execute,
                                      plan_compaction)
-from sglang_zipage.scoring import LayerKV, ScoringParams
+from sglang_zipage.kv_layout import LayerKV
+from sglang_zipage.scoring import ScoringParams
 
 LAYERS, KV_HEADS, Q_HEADS, DIM, W = 2, 2, 4, 8, 4
 

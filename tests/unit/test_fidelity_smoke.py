@@ -31,7 +31,8 @@ def torch_twins(monkeypatch):
     (0.0, 1, "none", True), (0.8, 1, "none", False), (0.8, 1, "full", False),
     (0.8, 5, "full", True), (0.8, 5, "lightning", True)])
 def test_reference_ranking_equals_engine_scoring(decay, pooling, redundancy, first):
-    from sglang_zipage.scoring import LayerKV, ScoringParams, score_tokens
+    from sglang_zipage.kv_layout import LayerKV
+    from sglang_zipage.scoring import ScoringParams, score_tokens
 
     gen = torch.Generator().manual_seed(1)
     b, hkv, g, d, w, s, n_stored, layers = 2, 2, 3, 16, 4, 150, 70, 2

@@ -19,7 +19,8 @@ if not torch.cuda.is_available():  # before the first Triton launch (kernels jit
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 from sglang_zipage.kernels import ENV_BACKEND, select_topk, window_attention_scores_ref  # noqa: E402
-from sglang_zipage.scoring import (LayerKV, ScoringParams, in_place_order, score_tokens,  # noqa: E402
+from sglang_zipage.kv_layout import LayerKV  # noqa: E402
+from sglang_zipage.scoring import (ScoringParams, in_place_order, score_tokens,  # noqa: E402
                                    select_and_compact)
 
 # The interpreter calls a NumPy API deprecated in 1.25 on every launch.
