@@ -61,6 +61,7 @@ from typing import List, Optional
 
 import requests
 
+from sglang_zipage.config import async_lag
 from sglang_zipage.harness.engines import TINY_NAME, tiny_model_dir
 from sglang_zipage.harness.probe import get_json, healthy, server_info, wait_idle, zipage_state
 from sglang_zipage.harness.record import command_line
@@ -71,7 +72,6 @@ ZIPAGE_META_KEYS = ("zipage_compactions", "zipage_kv_len")
 WORDS = ("river stone light garden paper window music winter market bridge forest number "
          "engine silver letter mountain question cloud harbor lantern orchard signal "
          "village copper morning ladder").split()
-ASYNC_LAG_TOKENS = 8  # sglang_zipage.budget: an asynchronous compaction starts this early
 
 
 @dataclass
@@ -137,7 +137,7 @@ class Workload:
         if facts["zipage"]:
             least = ceil_to(facts["window"] + facts["sink"], page)
             self.small_budget = args.small_budget or max(least, facts["kv_budget"] // 2 // page * page)
-            self.lag = ceil_to(ASYNC_LAG_TOKENS, page) if facts["async_compaction"] else 0
+            self.lag = async_lag(page) if facts["async_compaction"] else 0
             default_long = facts["kv_budget"] + facts["buffer"] + 2 * facts["buffer"]
         else:
             self.small_budget, self.lag, default_long = None, 0, 256

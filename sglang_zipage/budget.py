@@ -32,33 +32,17 @@ growing and compacting (growing past the limits would fill it and read more KV e
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Dict, Optional
 
-ASYNC_LAG_TOKENS = 8  # decode steps an asynchronous compaction may take before it is awaited
+from sglang_zipage.config import ZipageConfig, async_lag
+from sglang_zipage.request_state import ReqState
+
 
 
 def floor_page(n: int, page: int) -> int:
     return n // page * page
-
-
-@dataclass
-class ReqState:
-    """Zipage's per-request bookkeeping, kept on the SGLang Req as ``req.zipage``."""
-
-    c0: Optional[int]  # first compressible column (page aligned, >= the radix-owned
-    # prefix); None until the request's next decode step after a (re-)prefill
-    pos_offset: int = 0  # logical length - physical length (I5)
-    compactions: int = 0
-    pressure_compactions: int = 0  # elastic mode: those made on demand
-    n_stored: int = 0  # leading suffix tokens whose global score is valid (kept last time)
-    window_since: int = -1  # decode_batch_idx when the request got its window slot
-    max_suffix: int = 0  # largest suffix seen at a decode step (I6 evidence)
-    shadow: Any = None  # its asynchronous compaction in flight (shadows.Shadow), if any
-
-    def physical(self, logical: int) -> int:
-        """A logical length (positions) as the columns it occupies (I5)."""
-        return logical - self.pos_offset
 
 
 @dataclass(frozen=True)
@@ -69,6 +53,13 @@ class Budget:
     page_size: int = 1
     lag: int = 0  # asynchronous mode: compactions start this many tokens before the limit
     elastic: bool = False  # compact only on demand (pressure), not at the limit
+
+    @classmethod
+    def from_config(cls, config: ZipageConfig, page_size: int = 1) -> "Budget":
+        """The server's budget: the config's budget, buffer and window on this page size."""
+        lag = async_lag(page_size) if config.async_compaction else 0
+        return cls(config.kv_budget, config.buffer, config.window, page_size, lag,
+                   elastic=config.mode == "elastic")
 
     def __post_init__(self):
         assert self.kv_budget % self.page_size == 0, "I2: kv_budget must be page aligned"
@@ -137,6 +128,29 @@ class Budget:
         return self.limit + self.page_size
 
 
+class Budgets:
+    """The server's budget and the per-request ones (``zipage_kv_budget``), one Budget per
+    kept count. A request's own budget below the model's sliding window is raised to it (page
+    aligned): the sliding-window layers need that many tokens kept."""
+
+    def __init__(self, server: Budget, min_kv_budget: int = 1):
+        self.server = server
+        page = server.page_size
+        self.floor = -(-min_kv_budget // page) * page
+        self._own: Dict[int, Budget] = {}
+
+    def of(self, own: Optional[int]) -> Optional[Budget]:
+        """own: the request's zipage_kv_budget, or None (the server's); 0: no compression."""
+        if own is None:
+            return self.server
+        if own == 0:
+            return None
+        own = max(own, self.floor)
+        if own not in self._own:
+            self._own[own] = dataclasses.replace(self.server, kv_budget=own)
+        return self._own[own]
+
+
 @dataclass
 class Pressure:
     """Elastic mode's state: under pressure or not, and how often it was entered."""
@@ -156,11 +170,6 @@ class Pressure:
         if self.on and waiting == 0 and room >= demand:
             self.on = False
         return self.on
-
-
-def async_lag(page_size: int) -> int:
-    """Page-aligned head start of an asynchronous compaction."""
-    return -(-ASYNC_LAG_TOKENS // page_size) * page_size
 
 
 def check_i2(c0: int, k: int, page: int) -> None:

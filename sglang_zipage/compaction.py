@@ -1,4 +1,4 @@
-"""Compaction: plan on the CPU, then execute (launch kernels only).
+"""Compaction plans: made on the CPU from scheduler state; executor.py runs them.
 
 A plan is made in the scheduler from CPU state only (identical on every TP rank). For
 each request it snapshots the slots of its compressible suffix, columns [c0, c0 + S),
@@ -9,7 +9,7 @@ head h's j-th kept token) and the slots of columns [c0 + k, c0 + S) are freed.
 Invariants (see budget.py for I1-I6):
   I2  c0 and k are page aligned, so every freed column range is whole pages
   I3  nothing below c0 is read as a destination or freed
-  C1  execute() never reads req_to_token: the source slots are the plan's snapshot
+  C1  executing a plan never reads req_to_token: the source slots are its snapshot
   C2  a plan executes on the stream of the next forward, before it: after the previous
       forward (which may still write the last suffix token and the last query) and
       before any forward that writes into the freed slots.
@@ -17,15 +17,12 @@ Invariants (see budget.py for I1-I6):
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass
 from typing import List, Optional, Sequence
 
 import torch
 
 from sglang_zipage.budget import check_i2
-from sglang_zipage.kv_layout import LayerKV
-from sglang_zipage.scoring import ScoringParams, select_and_compact
 
 # A plan's S_max (its longest suffix) is rounded up to this many columns: Triton compiles a
 # kernel variant per divisibility class of its integer arguments, so suffixes of any length
@@ -126,16 +123,3 @@ def commit_shadow(req_to_token: torch.Tensor, req_pool_idx: int, c0: int, snapsh
     if tail:
         row[c0 + k:c0 + k + tail] = row[c0 + snapshot:c0 + suffix].clone()
     row[c0:c0 + k] = fresh.to(row.dtype)
-
-
-def execute(plan: CompactionPlan, params: ScoringParams, q_window: torch.Tensor, kv: LayerKV,
-            score_buffers: Optional[Sequence[torch.Tensor]], sm_scale: float) -> None:
-    """Score, select and compact on the current stream. Launches kernels only (C1).
-
-    q_window: [L, R, W, Hq, D], the plan's window rows (``QueryWindow.gather``); kv: the
-    buffers of the pool's layout (kv_layout.py). A windowless plan keeps each request's most
-    recent tokens (the ``recent`` selection) and ignores q_window."""
-    if plan.windowless:
-        params, q_window = dataclasses.replace(params, selection="recent"), None
-    select_and_compact(params, q_window, kv, score_buffers, plan.src_slots, plan.src_lens,
-                       plan.n_stored, plan.first, sm_scale, plan.dst_slots, plan.k)

@@ -16,9 +16,10 @@ import dataclasses
 import json
 import os
 from dataclasses import dataclass, field
-from typing import Optional, Sequence
+from typing import List, Optional, Sequence, Tuple
 
 ENV_VAR = "SGLANG_ZIPAGE_CONFIG"
+ASYNC_LAG_TOKENS = 8  # --zipage-async: a compaction starts this many tokens before the limit
 REDUNDANCY_MODES = ("none", "full", "lightning")
 SELECTION_MODES = ("score", "random", "recent")
 MODES = ("fixed", "elastic")
@@ -90,51 +91,49 @@ class ZipageConfig:
         def bad(name: str, msg: str) -> None:
             raise ZipageConfigError(f"{flag_name(name)}: {msg}")
 
-        for name in ("kv_budget", "buffer", "window", "pooling"):
+        for name in ("kv_budget", "buffer"):
             v = getattr(self, name)
             if not isinstance(v, int) or isinstance(v, bool) or v < 1:
                 bad(name, f"must be an integer >= 1, got {v!r}")
-        if not isinstance(self.sink, int) or self.sink < 0:
-            bad("sink", f"must be an integer >= 0, got {self.sink!r}")
-        if self.pooling % 2 == 0:
-            bad("pooling", f"must be odd (1 disables pooling), got {self.pooling}")
+        for name, problem in scoring_problems(self):
+            bad(name, problem)
         if not 0.0 < self.memory_fraction <= 0.5:
             bad("memory_fraction", f"must be in (0, 0.5], got {self.memory_fraction}")
-        if not 0.0 <= self.decay < 1.0:
-            bad("decay", f"must be in [0, 1), got {self.decay}")
-        if self.selection not in SELECTION_MODES:
-            bad("selection", f"must be one of {', '.join(SELECTION_MODES)}, got {self.selection!r}")
         if self.mode not in MODES:
             bad("mode", f"must be one of {', '.join(MODES)}, got {self.mode!r}")
         if self.mode == "elastic" and self.async_compaction:
             bad("mode", "elastic (the default) compacts on demand, synchronously: add "
                 "--zipage-mode fixed to overlap compactions with decode (--zipage-async)")
-        if self.redundancy not in REDUNDANCY_MODES:
-            bad("redundancy", f"must be one of {', '.join(REDUNDANCY_MODES)}, got {self.redundancy!r}")
-        if not 0.0 <= self.redundancy_lambda <= 1.0:
-            bad("redundancy_lambda", f"must be in [0, 1], got {self.redundancy_lambda}")
-        if not self.redundancy_tau > 0.0:
-            bad("redundancy_tau", f"must be > 0, got {self.redundancy_tau}")
-        if self.kv_budget < self.window + self.sink:
-            bad("kv_budget", f"must be >= --zipage-window + --zipage-sink "
-                f"({self.window} + {self.sink}), got {self.kv_budget}")
+        problem = self.budget_problem(self.kv_budget, page_size or 1)
+        if problem:
+            bad("kv_budget", problem)
         if self.buffer < self.window:
             bad("buffer", f"must be >= --zipage-window ({self.window}) so the query window "
                 f"is filled between compactions, got {self.buffer}")
         if self.async_compaction and page_size is not None:
-            from sglang_zipage.budget import async_lag
-
             lag = async_lag(page_size)
             if self.buffer <= lag:
                 bad("buffer", f"must be > {lag} with --zipage-async and --page-size {page_size} "
                     f"(a compaction starts {lag} tokens before the limit), got {self.buffer}")
-        if page_size is not None and page_size > 1:
-            for name in ("kv_budget", "buffer"):
-                v = getattr(self, name)
-                if v % page_size:
-                    bad(name, f"must be a multiple of --page-size {page_size}, got {v} "
-                        f"(try {max(page_size, v // page_size * page_size)})")
+        if page_size is not None and self.buffer % page_size:
+            bad("buffer", _not_page_aligned(self.buffer, page_size))
         return self
+
+    def budget_problem(self, kv_budget, page_size: int = 1, off_allowed: bool = False):
+        """Why ``kv_budget`` cannot be a budget of this server on this page size, or None.
+        The one rule for --zipage-kv-budget and a request's zipage_kv_budget (0 turns
+        compression off for a request: ``off_allowed``)."""
+        if not isinstance(kv_budget, int) or isinstance(kv_budget, bool) or kv_budget < 0:
+            return f"must be an integer >= 1, got {kv_budget!r}"
+        if kv_budget == 0 and off_allowed:
+            return None
+        least = self.window + self.sink
+        if kv_budget < least:
+            return (f"must be >= --zipage-window + --zipage-sink ({self.window} + {self.sink}), "
+                    f"got {kv_budget}")
+        if kv_budget % page_size:
+            return _not_page_aligned(kv_budget, page_size)
+        return None
 
     # ---------------------------------------------------------- transport
     def to_json(self) -> str:
@@ -191,6 +190,40 @@ class ZipageConfig:
         cls.add_cli_args(parser)
         ns, rest = parser.parse_known_args(list(argv))
         return cls.from_cli_args(ns), rest
+
+
+def scoring_problems(s, least_window: int = 1) -> List[Tuple[str, str]]:
+    """(field, what is wrong) for the selection settings of ``s`` (a ZipageConfig or a
+    scoring.ScoringParams): the one place their rules live. A server's window holds queries
+    (W >= 1); selection on its own may protect none (least_window 0)."""
+    out = []
+    for name, least in (("window", least_window), ("pooling", 1), ("sink", 0)):
+        v = getattr(s, name)
+        if not isinstance(v, int) or isinstance(v, bool) or v < least:
+            out.append((name, f"must be an integer >= {least}, got {v!r}"))
+    if isinstance(s.pooling, int) and s.pooling % 2 == 0:
+        out.append(("pooling", f"must be odd (1 disables pooling), got {s.pooling}"))
+    if not 0.0 <= s.decay < 1.0:
+        out.append(("decay", f"must be in [0, 1), got {s.decay}"))
+    for name, modes in (("selection", SELECTION_MODES), ("redundancy", REDUNDANCY_MODES)):
+        if getattr(s, name) not in modes:
+            out.append((name, f"must be one of {', '.join(modes)}, got {getattr(s, name)!r}"))
+    if not 0.0 <= s.redundancy_lambda <= 1.0:
+        out.append(("redundancy_lambda", f"must be in [0, 1], got {s.redundancy_lambda}"))
+    if not s.redundancy_tau > 0.0:
+        out.append(("redundancy_tau", f"must be > 0, got {s.redundancy_tau}"))
+    return out
+
+
+def _not_page_aligned(v: int, page_size: int) -> str:
+    return (f"must be a multiple of --page-size {page_size}, got {v} "
+            f"(try {max(page_size, v // page_size * page_size)})")
+
+
+def async_lag(page_size: int) -> int:
+    """Tokens before its limit that an asynchronous compaction starts (page aligned): the
+    decode steps it may take before the request reaches its limit and waits for it."""
+    return -(-ASYNC_LAG_TOKENS // page_size) * page_size
 
 
 def flag_name(field_name: str) -> str:

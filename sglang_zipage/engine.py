@@ -28,14 +28,25 @@ class Engine(SGLangEngine):
         if unknown:
             raise TypeError(f"unknown zipage options {unknown}; known: "
                             f"{sorted('zipage_' + f for f in fields)}")
-        config = dataclasses.replace(zipage or ZipageConfig(), **picked).validate()
+        config = dataclasses.replace(zipage or ZipageConfig(), **picked)
+        invalid = []
+        if config.enabled:  # once, in this process
+            try:
+                config.validate(page_size=kwargs.get("page_size") or 1)
+            except ValueError as e:
+                invalid.append(str(e))
         import torch
 
         kwargs.update(zargs.default_overrides(kwargs, config,
                                               has_cuda=torch.cuda.is_available()))
         kwargs.setdefault("log_level", "error")  # as sglang.Engine does
-        server_args = self.server_args_class(**kwargs)
-        problems = zargs.incompatibilities(server_args, config)
+        try:
+            server_args = self.server_args_class(**kwargs)
+        except Exception:
+            if invalid:  # ours first: SGLang may fail on what the user would fix next
+                raise ValueError(invalid[0]) from None
+            raise
+        problems = zargs.incompatibilities(server_args, config, invalid)
         if problems:
             raise ValueError("; ".join(problems))
         zargs.set_process_env(server_args.device, server_args.page_size)

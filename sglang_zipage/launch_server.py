@@ -56,20 +56,27 @@ def prepare(argv: List[str]):
     from sglang_zipage.config import ZipageConfig, ZipageConfigError
 
     config, rest = ZipageConfig.parse_known(argv)
-    try:
-        config.validate()
-    except ZipageConfigError as e:
-        sys.exit(f"{PROG}: error: {e}")
+    given, _unknown = _sglang_parser(suppress_defaults=True).parse_known_args(rest)
+    invalid = []
+    if config.enabled:  # once, in this process
+        try:
+            config.validate(page_size=getattr(given, "page_size", None) or 1)
+        except ZipageConfigError as e:
+            invalid.append(str(e))
     import torch
 
     from sglang_zipage import server_args as zargs
 
-    given, _unknown = _sglang_parser(suppress_defaults=True).parse_known_args(rest)
     overrides = zargs.default_overrides(vars(given), config, has_cuda=torch.cuda.is_available())
     from sglang.srt.server_args import prepare_server_args
 
-    server_args = prepare_server_args(rest + _to_argv(overrides))
-    problems = zargs.incompatibilities(server_args, config)
+    try:
+        server_args = prepare_server_args(rest + _to_argv(overrides))
+    except Exception:
+        if invalid:  # ours first: SGLang may fail on what the user would fix next
+            sys.exit(f"{PROG}: error: {invalid[0]}")
+        raise
+    problems = zargs.incompatibilities(server_args, config, invalid)
     if problems:
         sys.exit(f"{PROG}: error: " + "; ".join(problems))
     zargs.set_process_env(server_args.device, server_args.page_size)

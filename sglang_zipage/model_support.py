@@ -1,10 +1,12 @@
 """Which models sglang-zipage compresses, decided before any weight loads.
 
-Supported KV layouts (kv_layout.py): MHA (Llama, Qwen, Mistral, Gemma 3 with its
+Supported KV layouts (kv_layout/): MHA (Llama, Qwen, Mistral, Gemma 3 with its
 sliding-window layers, ...), MLA (DeepSeek V2/V3, Kimi K2), hybrid sliding-window pools
 (gpt-oss), each in bf16/fp16 or FP8 (fp8_e4m3, fp8_e5m2). Everything else is refused
 here, by name, with the advice to pass --zipage-disable; what only shows once the model
 is built (a pool type, per-layer shapes) is refused by kv_layout.detect in the scheduler.
+``model_facts`` reads the config through SGLang's own ModelConfig (the one sglang.srt import
+here, inside it: this module stays light for the launcher).
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ MLA_BACKENDS = ("triton", "flashinfer", "torch_native")
 
 def refusals(facts: dict, config: ZipageConfig, server_args) -> List[str]:
     """Reasons this model cannot be compressed (empty = supported). ``facts``:
-    hooks.model_facts(server_args)."""
+    model_facts(server_args)."""
     arch = facts["architecture"]
     kinds = [
         ("deepseek_v4", "DeepSeek V4's compressed sparse attention pool"),
@@ -69,3 +71,39 @@ def _memory_refusals(facts: dict, config: ZipageConfig, server_args) -> List[str
     if needed < config.memory_fraction:
         return []
     return [memory.scores_exceed_share(facts["architecture"], config.memory_fraction, needed)]
+
+
+# ------------------------------------------------------------- model facts
+def model_facts(model_path: str, *, trust_remote_code: bool = False, revision=None,
+                model_override_args: str = "{}", disable_hybrid_swa_memory: bool = False) -> dict:
+    """What SGLang itself will decide about this model's KV pool, read from its config
+    before any weight loads (the same ModelConfig and classifiers SGLang's KV-cache
+    configurator uses, L413 and configs/hybrid_arch.py), as plain values for
+    model_support.refusals."""
+    from sglang.srt.configs.hybrid_arch import mambaish_config
+    from sglang.srt.configs.model_config import (AttentionArch, ModelConfig, is_deepseek_dsa,
+                                                 is_deepseek_v4)
+
+    mc = ModelConfig(model_path, trust_remote_code=trust_remote_code, revision=revision,
+                     model_override_args=model_override_args,
+                     disable_hybrid_swa_memory=disable_hybrid_swa_memory)
+    text = mc.hf_text_config
+    rope = getattr(text, "rope_scaling", None) or getattr(text, "rope_parameters", None) or {}
+    return {
+        "architecture": (mc.hf_config.architectures or ["?"])[0],
+        "mla": mc.attention_arch == AttentionArch.MLA,
+        "dsa": is_deepseek_dsa(mc.hf_config),
+        "deepseek_v4": is_deepseek_v4(mc.hf_config),
+        "linear_attention": mambaish_config(mc) is not None,
+        "encoder_decoder": bool(mc.is_encoder_decoder),
+        "hybrid_swa": bool(mc.is_hybrid_swa),
+        "chunked_attention": getattr(mc, "attention_chunk_size", None) is not None,
+        "mrope": isinstance(rope, dict) and "mrope_section" in rope,
+        "sliding_window": getattr(text, "sliding_window", None) or 0,
+        # one layer's KV row per KV head, in elements (MLA: the latent row), for the share
+        # of the pool the global scores take (memory.score_share)
+        "kv_row_elements": ((mc.kv_lora_rank + mc.qk_rope_head_dim)
+                            if mc.attention_arch == AttentionArch.MLA
+                            else (mc.head_dim or 0) + (mc.v_head_dim or mc.head_dim or 0)),
+        "dtype_bytes": mc.dtype.itemsize,
+    }

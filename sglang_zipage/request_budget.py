@@ -16,13 +16,11 @@ FIELD = "zipage_kv_budget"
 
 
 def validate(value, config: ZipageConfig, page_size: int) -> int:
-    least = config.window + config.sink
-    ok = isinstance(value, int) and not isinstance(value, bool) and (
-        value == 0 or (value >= least and value % page_size == 0))
-    if not ok:
-        raise ValueError(f"{FIELD} must be 0 (no compression for this request) or an integer "
-                         f">= {least} (--zipage-window + --zipage-sink) and a multiple of the "
-                         f"page size {page_size}; got {value!r}")
+    """The request's budget, or ValueError (HTTP 400) by the server budget's own rule."""
+    problem = config.budget_problem(value, page_size, off_allowed=True)
+    if problem:
+        raise ValueError(f"{FIELD} must be 0 (no compression for this request) or a budget "
+                         f"of this server (page size {page_size}): {problem}")
     return value
 
 

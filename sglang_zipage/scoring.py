@@ -37,38 +37,42 @@ from typing import Optional, Sequence, Tuple
 import torch
 import torch.nn.functional as F
 
+from sglang_zipage.config import ZipageConfig, scoring_problems
 from sglang_zipage.kv_layout.base import LayerKV
 from sglang_zipage.kernels import (compact_kv, global_scores, protect_ref, select_topk,
                                    window_attention_scores)
 from sglang_zipage.kernels.reference import dequantize_keys, valid_positions
 
-REDUNDANCY_MODES = ("none", "full", "lightning")
-SELECTION_MODES = ("score", "random", "recent")
+_DEFAULT = ZipageConfig()  # the settings' defaults live in config.py
 
 
 @dataclass(frozen=True)
 class ScoringParams:
-    window: int = 16  # W: recent tokens always kept (and queries in the window)
-    decay: float = 0.8  # global-score decay; 0 disables the global score
-    redundancy: str = "none"  # "none" | "full" | "lightning"
-    redundancy_lambda: float = 0.2  # lambda: weight of g against redundancy
-    redundancy_tau: float = 0.4  # tau: softmax temperature of redundancy
-    pooling: int = 5  # max-pool kernel on the first compaction; 1 disables; odd
-    sink: int = 0  # first tokens of the compressible range always kept
+    """The selection settings of ZipageConfig (``from_config``), plus lightning's block."""
+
+    window: int = _DEFAULT.window  # W: recent tokens always kept (and queries in the window)
+    decay: float = _DEFAULT.decay  # global-score decay; 0 disables the global score
+    redundancy: str = _DEFAULT.redundancy  # "none" | "full" | "lightning"
+    redundancy_lambda: float = _DEFAULT.redundancy_lambda  # lambda: weight of g against redundancy
+    redundancy_tau: float = _DEFAULT.redundancy_tau  # tau: softmax temperature of redundancy
+    pooling: int = _DEFAULT.pooling  # max-pool kernel on the first compaction; 1 disables; odd
+    sink: int = _DEFAULT.sink  # first tokens of the compressible range always kept
     lightning_block: int = 64  # block length (tokens) of "lightning" redundancy
-    selection: str = "score"  # "score" | controls that ignore the score: "random", "recent"
+    selection: str = _DEFAULT.selection  # "score" | controls that ignore the score: "random", "recent"
 
     def __post_init__(self):
-        if self.selection not in SELECTION_MODES:
-            raise ValueError(f"selection={self.selection!r}: expected one of {SELECTION_MODES}")
-        if self.redundancy not in REDUNDANCY_MODES:
-            raise ValueError(f"redundancy={self.redundancy!r}: expected one of {REDUNDANCY_MODES}")
-        if self.pooling < 1 or self.pooling % 2 == 0:
-            raise ValueError(f"pooling={self.pooling}: expected an odd kernel >= 1")
-        if self.window < 0 or self.sink < 0 or self.decay < 0 or self.lightning_block < 1:
-            raise ValueError(f"invalid scoring params: {self}")
-        if self.redundancy_tau <= 0:
-            raise ValueError(f"redundancy_tau={self.redundancy_tau}: must be > 0")
+        problems = scoring_problems(self, least_window=0)
+        if self.lightning_block < 1:
+            problems.append(("lightning_block", f"must be >= 1, got {self.lightning_block}"))
+        if problems:
+            raise ValueError("; ".join(f"{name}: {what}" for name, what in problems))
+
+    @classmethod
+    def from_config(cls, config: ZipageConfig) -> "ScoringParams":
+        return cls(window=config.window, decay=config.decay, redundancy=config.redundancy,
+                   redundancy_lambda=config.redundancy_lambda,
+                   redundancy_tau=config.redundancy_tau, pooling=config.pooling,
+                   sink=config.sink, selection=config.selection)
 
 
 def absorb_queries(q: torch.Tensor, weight: torch.Tensor, scale, rope_dim: int) -> torch.Tensor:

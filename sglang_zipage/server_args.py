@@ -55,11 +55,12 @@ def set_process_env(device: str, page_size: int = 1) -> None:
             os.environ.setdefault("TRITON_INTERPRET", "1")
 
 
-def incompatibilities(server_args, config: ZipageConfig) -> List[str]:
-    """Reasons this SGLang configuration cannot run with zipage on (empty = fine)."""
+def incompatibilities(server_args, config: ZipageConfig, invalid=()) -> List[str]:
+    """Reasons this SGLang configuration cannot run with zipage on (empty = fine), after
+    ``invalid``: what validating the config found (launch_server.prepare, Engine)."""
     if not config.enabled:
         return []
-    a, bad = server_args, []
+    a, bad = server_args, list(invalid)
     for name in ("attention_backend", "decode_attention_backend"):
         v = getattr(a, name, None)
         if v is not None and v not in SUPPORTED_BACKENDS:
@@ -75,10 +76,6 @@ def incompatibilities(server_args, config: ZipageConfig) -> List[str]:
     ]
     bad += [f"{what} is not supported" for cond, what in checks if cond]
     bad += model_refusals(a, config)
-    try:
-        config.validate(page_size=a.page_size or 1)
-    except ValueError as e:
-        bad.append(str(e))
     if bad:
         bad.append("pass --zipage-disable to run stock SGLang with these settings")
     return bad
@@ -87,11 +84,11 @@ def incompatibilities(server_args, config: ZipageConfig) -> List[str]:
 def model_refusals(server_args, config: ZipageConfig) -> List[str]:
     """What the model itself rules out (model_support.py), read from its config before
     any weight loads. A config SGLang cannot read is left for SGLang to report."""
-    from sglang_zipage import hooks, model_support
+    from sglang_zipage import model_support
 
     a = server_args
     try:
-        facts = hooks.model_facts(a.model_path, trust_remote_code=a.trust_remote_code,
+        facts = model_support.model_facts(a.model_path, trust_remote_code=a.trust_remote_code,
                                   revision=a.revision,
                                   model_override_args=a.json_model_override_args,
                                   disable_hybrid_swa_memory=a.disable_hybrid_swa_memory)

@@ -4,17 +4,19 @@ A request whose suffix nears its limit is compacted into fresh slots, its shadow
 CUDA stream while it keeps decoding into its old columns. Lifecycle:
   plan    (scheduler step) snapshot its suffix, take k fresh slots from a reserve that
           admission leaves free (``reserve``); the launch waits for the next flush
-  launch  (runtime.flush, before the next forward) kernels on the side stream
+  launch  (executor.flush, before the next forward) kernels on the side stream
   commit  (the step its suffix reaches the limit) its columns switch to the fresh slots and
           the old snapshot is freed; a launch not done yet makes the next forward wait
   drop    (the request leaves first) its fresh slots go back
 Committing only at the limit, never on a GPU-timing probe, keeps every tensor-parallel rank
-on the same step. Kernel execution and timing stay in runtime.py.
+on the same step. What a compaction does to a request's bookkeeping is the planner's
+(planner.py); the kernels a plan runs, the executor's (executor.py).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import time
 from typing import List, Optional
 
 import torch
@@ -65,6 +67,21 @@ class ShadowCompactions:
     def busy(self) -> bool:
         return bool(self.launches or self.waits)
 
+    def plan_step(self, req_to_token, shadows, page_size: int, launch_cap: int, alloc):
+        """Plan one step's asynchronous compactions, one launch per kept count (windowless
+        ones apart), each suffix cut to whole pages (I2); yields each planned group of
+        (req, item). A group that finds no fresh slots (``alloc`` None) retries next step."""
+        for k, windowless in sorted({(it.kv_budget, it.window_slot == 0) for _, it in shadows}):
+            group = [(req, dataclasses.replace(it, suffix=it.suffix // page_size * page_size))
+                     for req, it in shadows
+                     if it.kv_budget == k and (it.window_slot == 0) == windowless]
+            group = [(req, it) for req, it in group if it.suffix > k][:launch_cap]
+            fresh = alloc(k * len(group)) if group else None
+            if fresh is None:
+                continue
+            self.plan(req_to_token, group, k, page_size, fresh.view(len(group), k))
+            yield group
+
     def plan(self, req_to_token, group, k: int, page_size: int, fresh: torch.Tensor) -> None:
         """group: [(req, CompactionItem)] with whole-page suffixes; fresh: [R, k] slots."""
         plan, old = plan_compaction(req_to_token, [it for _, it in group], k, page_size, fresh=fresh)
@@ -103,9 +120,29 @@ class ShadowCompactions:
         allocator.free(sh.fresh)
         self.held -= sh.fresh.numel()
 
-    def take_launches(self) -> List[ShadowLaunch]:
+    def launch_all(self, run, queries, stats, forward_stream) -> None:
+        """Start the planned launches. The side stream waits for the forwards issued so far
+        (they wrote the snapshots' last tokens and queries) and reads a copy of the window
+        rows taken now (the next forwards overwrite the ring). ``run(plan, q_window, stream)``
+        executes a plan (executor.py); on the CPU it runs now, in order."""
         launches, self.launches = self.launches, []
-        return launches
+        for launch in launches:
+            plan = launch.plan
+            q_window = queries(plan)  # a copy, on the forward stream
+            if forward_stream is None:
+                t0 = time.perf_counter()
+                run(plan, q_window, None)
+                stats.span_end(None, None, t0)
+            else:
+                side = self.side_stream
+                side.wait_stream(forward_stream)
+                with torch.cuda.stream(side):
+                    span = stats.span_start(side)
+                    run(plan, q_window, side)
+                    stats.span_end(span, side, 0.0)
+                    launch.done = torch.cuda.Event()
+                    launch.done.record(side)
+            launch.launched = True
 
     def wait_committed(self, stream) -> None:
         """The forward about to run waits (on the GPU) for launches committed early."""

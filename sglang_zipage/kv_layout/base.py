@@ -25,7 +25,7 @@ class QueryAbsorption:
 
 @dataclass(frozen=True)
 class LayerKV:
-    """The KV buffers one compaction reads and moves, as a KV layout (kv_layout.py) hands
+    """The KV buffers one compaction reads and moves, as a KV layout hands
     them over.
 
     keys:       scored layers' key storage, L tensors [slots, Hkv, D] (uint8 for FP8 KV).

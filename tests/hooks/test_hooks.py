@@ -41,7 +41,8 @@ def test_disabled_config_installs_no_hook():
     script = ("from sglang_zipage import hooks\nfrom sglang_zipage.config import ZipageConfig\n"
               "hooks.install(ZipageConfig(enabled=False), device='cpu')\n"
               "from sglang.srt.plugins.hook_registry import HookRegistry\n"
-              "assert hooks.RUNTIME is None and not HookRegistry._hooks, HookRegistry._hooks\n"
+              "from sglang_zipage import scheduler_hooks\n"
+              "assert scheduler_hooks.RUNTIME is None and not HookRegistry._hooks, HookRegistry._hooks\n"
               "print('STOCK')")
     r = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stderr[-3000:]

@@ -1,7 +1,8 @@
 """Budget policy over plain ints (when a request compresses, fixed and elastic) and the
 scratch bound of a compaction launch."""
 
-from sglang_zipage.budget import Budget, Pressure, ReqState
+from sglang_zipage.budget import Budget, Budgets, Pressure
+from sglang_zipage.request_state import ReqState
 
 
 def _ready(window=16):
@@ -69,15 +70,13 @@ def test_a_request_past_its_limit_reserves_nothing_more():
 
 def test_long_suffixes_compact_in_launches_of_bounded_scratch():
     from sglang_zipage.compaction import CompactionItem
-    from sglang_zipage.config import ZipageConfig
-    from sglang_zipage.runtime import MAX_REQS_PER_LAUNCH, SCRATCH_LIMITS, ZipageRuntime
+    from sglang_zipage.planner import MAX_REQS_PER_LAUNCH, SCRATCH_LIMITS, Planner
 
-    rt = ZipageRuntime(ZipageConfig(kv_budget=64, buffer=16))
-    rt.budget = Budget(64, 16, 16, elastic=True)
-    rt.launch_cap = MAX_REQS_PER_LAUNCH
+    planner = Planner(Budgets(Budget(64, 16, 16, elastic=True)), layout=None, window=None,
+                      shadows=None, allocator=None, stats=None, decisions=None)
     suffixes = [12000, 80, 3000, 80, 900] + [80] * 40
     items = [CompactionItem(i, 0, s, 0, True, i, 64) for i, s in enumerate(suffixes)]
-    groups = list(rt._launch_groups(items))
+    groups = list(planner._launch_groups(items))
     assert sorted(it.req_pool_idx for g in groups for it in g) == list(range(len(items)))
     for g in groups:  # padded scratch: requests x longest suffix
         assert len(g) <= MAX_REQS_PER_LAUNCH

@@ -10,8 +10,8 @@ import torch
 from sglang.srt.mem_cache.allocator.paged import PagedTokenToKVPoolAllocator
 from sglang.srt.mem_cache.allocator.token import TokenToKVPoolAllocator
 from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool, ReqToTokenPool
-from sglang_zipage.compaction import (S_MAX_ALIGN, CompactionItem, commit_shadow, execute,
-                                     plan_compaction)
+from sglang_zipage.compaction import S_MAX_ALIGN, CompactionItem, commit_shadow, plan_compaction
+from sglang_zipage.executor import execute
 from sglang_zipage.kv_layout import LayerKV
 from sglang_zipage.scoring import ScoringParams
 

@@ -22,13 +22,13 @@ import torch
 
 from sglang.srt.layers.radix_attention import RadixAttention
 from sglang.srt.mem_cache.allocator.swa import SWATokenToKVPoolAllocator
-from sglang.srt.mem_cache.allocator.token import TokenToKVPoolAllocator
 from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool, MLATokenToKVPool, ReqToTokenPool
 from sglang.srt.mem_cache.common import free_swa_out_of_window_slots
 from sglang.srt.mem_cache.swa_memory_pool import SWAKVPool
 from sglang_zipage import kv_layout
-from sglang_zipage.budget import ReqState
-from sglang_zipage.compaction import CompactionItem, execute, plan_compaction
+from sglang_zipage.request_state import ReqState
+from sglang_zipage.compaction import CompactionItem, plan_compaction
+from sglang_zipage.executor import execute
 from sglang_zipage.scoring import ScoringParams, attention_scores
 
 HQ, HKV, D = 4, 2, 8

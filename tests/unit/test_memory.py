@@ -19,7 +19,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from sglang_zipage import hooks, memory, model_support
+from sglang_zipage import memory, model_support
 from sglang_zipage.config import ZipageConfig
 
 MODELS = Path(__file__).resolve().parents[2] / "benchmarks" / "models"
@@ -109,7 +109,7 @@ def args(**kw):
 
 
 def test_launcher_refuses_scores_beyond_the_share_before_any_weight_loads():
-    llama = hooks.model_facts(str(MODELS / "llama-3.1-8b"))  # head_dim 128
+    llama = model_support.model_facts(str(MODELS / "llama-3.1-8b"))  # head_dim 128
     assert model_support.refusals(llama, ZipageConfig(), args(kv_cache_dtype="fp8_e4m3")) == []
     bad = model_support.refusals(llama, ZipageConfig(memory_fraction=0.01),
                                  args(kv_cache_dtype="fp8_e4m3"))
@@ -117,7 +117,7 @@ def test_launcher_refuses_scores_beyond_the_share_before_any_weight_loads():
     assert "--zipage-memory-fraction" in bad[0] and "--zipage-decay 0" in bad[0]
     assert model_support.refusals(llama, ZipageConfig(memory_fraction=0.01, decay=0.0),
                                   args(kv_cache_dtype="fp8_e4m3")) == []
-    mla = hooks.model_facts(str(MODELS / "deepseek-v2-lite"))  # one fp32 score per 576-wide row
+    mla = model_support.model_facts(str(MODELS / "deepseek-v2-lite"))  # one fp32 score per 576-wide row
     assert mla["kv_row_elements"] == 576
     assert model_support.refusals(mla, ZipageConfig(memory_fraction=0.01),
                                   args(kv_cache_dtype="fp8_e4m3")) == []

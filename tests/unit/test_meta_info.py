@@ -2,7 +2,7 @@
 
 from types import SimpleNamespace
 
-from sglang_zipage.budget import ReqState
+from sglang_zipage.request_state import ReqState
 from sglang_zipage.meta_info import attach, fold
 
 

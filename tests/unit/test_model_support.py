@@ -2,7 +2,7 @@
 
 Each model is a folder holding only config.json (benchmarks/models/ for the families of
 the GPU coverage matrix, small ones written here for the classes refused by design), read
-through SGLang's own ModelConfig and pool classifiers (hooks.model_facts). Every refused
+through SGLang's own ModelConfig and pool classifiers (model_support.model_facts). Every refused
 class has a test: the refusal names the model, what it has, and the way out.
 Run: .venv/bin/python -m pytest tests/unit/test_model_support.py
 """
@@ -12,7 +12,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from sglang_zipage import hooks, model_support
+from sglang_zipage import model_support
 from sglang_zipage.config import ZipageConfig
 
 from pathlib import Path
@@ -45,7 +45,7 @@ def args(**kw):
 
 
 def facts(path, **kw):
-    return hooks.model_facts(str(path), **kw)
+    return model_support.model_facts(str(path), **kw)
 
 
 @pytest.mark.parametrize("name", ["qwen3-8b-dummy", "llama-3.1-8b", "deepseek-r1-distill-qwen-7b",

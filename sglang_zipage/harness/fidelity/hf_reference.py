@@ -6,7 +6,7 @@ layer, so eviction is just a gather: every KV head keeps its own `budget` suffix
 all heads keep the same number. Positions stay logical (RoPE uses prompt + step) while the
 cache shrinks, as in the engine (keys are cached after RoPE, so nothing is re-rotated).
 
-Schedule, step for step the engine's (sglang_zipage/budget.py, runtime.py):
+Schedule, step for step the engine's (sglang_zipage/budget.py, planner.py):
   step 0      the prompt's prefill gives the logits of reference token 0
   step i >= 1 decode forward of reference token i-1, giving the logits of token i. Before
               it, the cache holds the prompt plus `suffix` decode tokens (suffix = i - 1

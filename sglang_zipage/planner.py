@@ -1,0 +1,296 @@
+"""What to compact, and when: one scheduler's compaction decisions, from CPU state only.
+
+Each decode step (``step``, before SGLang's decode memory check, so the freed pages count):
+  - a request takes a query-window slot W tokens before its limit (budget W1);
+  - fixed mode, and elastic mode under pressure: a request at its limit is compacted, with its
+    window or windowless (W2); with --zipage-async a few tokens earlier, into fresh slots
+    (shadows.py), committed at the limit;
+  - elastic mode: when the step would run short of pages, over-budget requests are compacted
+    down to their budgets, largest first (``make_room``), as they are before admission when
+    the first waiting request does not fit beside what running requests reserve (``admit``).
+Plans are queued for the executor (executor.py), which runs them before the next forward.
+Every tensor-parallel rank takes the same decisions (decisions.py). Duck-types SGLang's
+ScheduleBatch and Req; never imports sglang.
+"""
+
+from __future__ import annotations
+
+from typing import List, Optional
+
+from sglang_zipage import request_budget, request_state
+from sglang_zipage.budget import Budget, Budgets, Pressure
+from sglang_zipage.compaction import CompactionItem, CompactionPlan, plan_compaction
+
+MAX_REQS_PER_LAUNCH = 32  # bounds the scoring scratch ([L, R, Hkv, S] fp32) ...
+QUERY_SCRATCH_BYTES = 512 << 20  # ... the window rows a launch gathers ...
+SCRATCH_LIMITS = 32  # ... and R * S <= this many budget limits (elastic suffixes are long)
+
+
+class Planner:
+    def __init__(self, budgets: Budgets, *, layout, window, shadows, allocator, stats, decisions,
+                 evict=None, stock_clip: int = 4096, headroom: int = 1,
+                 launch_cap: int = MAX_REQS_PER_LAUNCH):
+        self.budgets = budgets
+        self.layout = layout  # remap_window after a plan (hybrid SWA)
+        self.window = window  # the query window's slots (query_window.py)
+        self.shadows = shadows
+        self.allocator = allocator
+        self.stats = stats
+        self.decisions = decisions
+        self.evict = evict  # evict(batch, n): make n slots free from the radix tree (hooks)
+        self.stock_clip = stock_clip  # SGLang's output estimate (CLIP_MAX_NEW_TOKENS)
+        self.headroom = headroom  # elastic mode: compact this much more than the shortfall
+        self.launch_cap = launch_cap
+        self.page_size = budgets.server.page_size
+        self.pending: List[CompactionPlan] = []  # planned, for the executor
+        self.pressure = Pressure()  # elastic mode: room or pressure (budget.py)
+        self.waiting = 0  # requests the pool, not the running cap, keeps waiting (elastic)
+        self.compressed_running = 0
+        self.steps = 0  # decode steps planned
+
+    # ------------------------------------------------------ per request
+    def budget_of(self, req) -> Optional[Budget]:
+        """The request's budget: its own zipage_kv_budget, the server's, or None (off)."""
+        return self.budgets.of(request_budget.of(req))
+
+    def state(self, req):
+        return request_state.state_of(req, self.budgets.server)
+
+    def running_reserve(self, req) -> Optional[int]:
+        """Tokens a running request may still add; None when it never compresses."""
+        budget = self.budget_of(req)
+        if budget is None:
+            return None
+        remaining = req.sampling_params.max_new_tokens - len(req.output_ids)
+        return budget.reserve(request_state.suffix_len(req, budget), remaining)
+
+    def stock_reserve(self, req) -> int:
+        """SGLang's own estimate of what a request that never compresses may still add."""
+        return min(req.sampling_params.max_new_tokens - len(req.output_ids), self.stock_clip)
+
+    def admission_view(self, req) -> int:
+        """What admission sets aside for a running request (before SGLang's new-token ratio)."""
+        own = self.running_reserve(req)
+        return self.stock_reserve(req) if own is None else own
+
+    # ------------------------------------------------------- decode step
+    def step(self, batch) -> None:
+        """Plan this decode step's compactions and commits; free their pages."""
+        self.steps += 1
+        elastic = self.budgets.server.elastic
+        items, rows, compressed, commits, shadows = [], [], 0, [], []
+        room = self.shadows.reserve()
+        pressed = elastic and self.pressure.on and self.pressure.settle(
+            self._room(batch), self._demand(batch), self.waiting)
+        for i, req in enumerate(batch.reqs):
+            budget = self.budget_of(req) if not req.finished() else None
+            if budget is None or req.req_pool_idx is None:
+                continue
+            st = self.state(req)
+            compressed += st.compactions > 0
+            suffix = req.kv_committed_len - st.c0
+            st.max_suffix = max(st.max_suffix, suffix)
+            self.stats.suffix(suffix)
+            if st.shadow is not None:  # in flight: commit at the limit. Never earlier on a
+                # GPU-timing probe: tensor-parallel ranks must take the same step everywhere.
+                if suffix >= budget.limit:
+                    commits.append((i, suffix))
+                continue
+            if budget.wants_window(st, suffix):
+                if self.window.assign(req.req_pool_idx):
+                    st.window_since = req.decode_batch_idx
+                else:
+                    self.stats.add("window_slot_misses")
+            if budget.needs_compaction(st, suffix, req.decode_batch_idx, pressed):
+                item = self._item(req, st, suffix, budget)
+                if budget.lag and suffix < budget.limit:
+                    if room >= item.kv_budget:  # else it retries at its next step
+                        shadows.append((req, item))
+                        room -= item.kv_budget
+                else:
+                    self.stats.add("async_fallbacks", budget.lag > 0)
+                    items.append(item)
+                    rows.append(i)
+        self.compressed_running = compressed
+        self.stats.step(len(batch.reqs), compressed)
+        updates = [self._commit(batch, i, suffix) for i, suffix in commits]
+        if shadows:
+            self._plan_shadows(batch, shadows)
+        if items:
+            updates += self._plan(batch, items, rows)
+            if pressed:  # compressing at the limit is what pressure means in elastic mode
+                self._count_pressure(batch, rows)
+        if updates:
+            _set_lengths(batch, updates)
+        if elastic:  # this step writes up to one page per request
+            short = len(batch.reqs) * self.page_size - self._room(batch)
+            if short > 0:
+                self.pressure.ran_short()
+                self.make_room(batch, short + self.headroom)
+
+    def _item(self, req, st, suffix: int, budget: Budget) -> CompactionItem:
+        """A compaction of the request's suffix down to its budget: scored with its window,
+        or windowless when it holds no slot (budget W2)."""
+        slot = self.window.slot_of(req.req_pool_idx) if st.window_since >= 0 else 0
+        return CompactionItem(req.req_pool_idx, st.c0, suffix, st.n_stored,
+                              st.n_stored == 0,  # first since (re)prefill
+                              slot, budget.kv_budget)
+
+    def _window_done(self, req) -> None:
+        """Its compaction is planned (it read the window at plan time): the slot goes back for
+        the requests nearing their limits, or, where its next window starts within W tokens,
+        it keeps one and refills it from now (budget W1). A windowless one is counted."""
+        st = req.zipage
+        if st.window_since < 0:
+            self.stats.windowless()
+        budget = self.budget_of(req)
+        if budget is not None and budget.keeps_window:
+            st.window_since = (req.decode_batch_idx if self.window.assign(req.req_pool_idx)
+                               else -1)
+            return
+        self.window.release(req.req_pool_idx)
+        st.window_since = -1
+
+    # ------------------------------------------------- elastic: room on demand
+    def _room(self, batch) -> int:
+        return self.allocator.available_size() + batch.tree_cache.evictable_size()
+
+    @staticmethod
+    def _demand(batch) -> int:
+        """Tokens the running requests may still write at full KV."""
+        return sum(max(0, r.sampling_params.max_new_tokens - len(r.output_ids))
+                   for r in batch.reqs if not r.finished())
+
+    def make_room(self, batch, tokens: int) -> int:
+        """Elastic mode: compact over-budget requests of ``batch`` down to their budgets,
+        largest yield first, until ``tokens`` slots are freed or none can yield. Returns
+        the slots freed."""
+        offers = []
+        for i, req in enumerate(batch.reqs):
+            budget = self.budget_of(req) if not req.finished() else None
+            if budget is None or req.req_pool_idx is None:
+                continue
+            st = self.state(req)
+            suffix = req.kv_committed_len - st.c0
+            gain = budget.can_yield(st, suffix, req.decode_batch_idx)
+            if gain > 0:
+                offers.append((gain, i, self._item(req, st, suffix, budget)))
+        offers.sort(key=lambda o: -o[0])
+        freed, items, rows = 0, [], []
+        for gain, i, item in offers:
+            if freed >= tokens:
+                break
+            freed += gain
+            items.append(item)
+            rows.append(i)
+        if items:
+            self._count_pressure(batch, rows)
+            _set_lengths(batch, self._plan(batch, items, rows))
+        return freed
+
+    def _count_pressure(self, batch, rows) -> None:
+        """Elastic mode: these compactions were the pool's pressure (meta_info, counters)."""
+        for i in rows:
+            batch.reqs[i].zipage.pressure_compactions += 1
+        self.stats.pressure(len(rows))
+
+    def admit(self, waiting, running, max_running: int) -> None:
+        """Elastic mode, before admission: if the first waiting request does not fit
+        beside what running requests reserve, running requests yield the difference (not
+        when the running-request cap, not memory, is what keeps it waiting)."""
+        capped = running is not None and len(running.reqs) >= max_running
+        self.waiting = 0 if capped else len(waiting)
+        if not waiting or running is None or not running.reqs or capped:
+            return
+        head = waiting[0]
+        budget = self.budget_of(head)
+        need = len(head.origin_input_ids) + (budget.admission_reserve() if budget
+                                             else self.stock_reserve(head))
+        reserved = sum(self.admission_view(r) for r in running.reqs if not r.finished())
+        short = need + reserved - self._room(running)
+        if short > 0:
+            self.pressure.ran_short()
+            self.make_room(running, short + self.headroom)
+
+    # ------------------------------------------------------------ planning
+    def _plan_shadows(self, batch, shadows) -> None:
+        """Asynchronous compactions into fresh slots (shadows.py); their bookkeeping here."""
+        r2t = batch.req_to_token_pool.req_to_token
+        for group in self.shadows.plan_step(r2t, shadows, self.page_size, self.launch_cap,
+                                            lambda n: self._alloc(batch, n)):
+            free = self.allocator.available_size()
+            for req, it in group:
+                self.decisions.record(self.steps, req.rid, it.c0, it.suffix, it.kv_budget, free)
+                req.skip_radix_cache_insert = True  # I4 from now on
+                self._window_done(req)
+            self.stats.add("async_compactions", len(group))
+            self.stats.add("compaction_batches")
+
+    def _alloc(self, batch, n: int):
+        """n slots from the pool, evicting unused radix-tree pages first as SGLang does."""
+        if self.evict is not None:
+            self.evict(batch, n)
+        return self.allocator.alloc(n)
+
+    def _commit(self, batch, i: int, suffix: int):
+        """Swap a request onto its compacted fresh slots; free its old snapshot."""
+        req = batch.reqs[i]
+        k, evicted, awaited = self.shadows.commit(req, batch.req_to_token_pool.req_to_token,
+                                                  suffix, self.allocator)
+        self.stats.add("async_awaited", awaited)
+        return self._compacted(req, i, k, evicted)
+
+    def _plan(self, batch, items, rows):
+        r2t = batch.req_to_token_pool.req_to_token
+        allocator = batch.token_to_kv_pool_allocator
+        req_of = {it.req_pool_idx: batch.reqs[i] for it, i in zip(items, rows)}
+        # one launch group per kept count, windowless ones apart (executor.execute)
+        for k, windowless in sorted({(it.kv_budget, it.window_slot == 0) for it in items}):
+            for chunk in self._launch_groups([it for it in items if it.kv_budget == k
+                                              and (it.window_slot == 0) == windowless]):
+                plan, surplus = plan_compaction(r2t, chunk, k, self.page_size)
+                self.layout.remap_window(r2t, chunk, k, allocator,
+                                         [req_of[it.req_pool_idx] for it in chunk])
+                allocator.free(surplus)
+                self.pending.append(plan)
+                self.stats.add("compaction_batches")
+        for i in rows:
+            self._window_done(batch.reqs[i])
+        return [self._compacted(batch.reqs[i], i, it.kv_budget, it.suffix - it.kv_budget)
+                for it, i in zip(items, rows)]
+
+    def _launch_groups(self, items):
+        """Split into launches of at most ``launch_cap`` requests whose padded scratch
+        (requests x longest suffix) stays within SCRATCH_LIMITS budget limits."""
+        cap = SCRATCH_LIMITS * self.budgets.server.limit
+        group = []
+        for it in sorted(items, key=lambda it: -it.suffix):
+            if group and (len(group) == self.launch_cap or (len(group) + 1) * group[0].suffix > cap):
+                yield group
+                group = []
+            group.append(it)
+        if group:
+            yield group
+
+    def _compacted(self, req, i: int, k: int, evicted: int):
+        """Book a finished compaction of ``evicted`` suffix tokens down to k kept."""
+        st = req.zipage
+        self.decisions.record(self.steps, req.rid, st.c0, k + evicted, k, self.allocator.available_size())
+        st.pos_offset += evicted
+        st.n_stored = k
+        st.compactions += 1
+        req.kv_committed_len -= evicted
+        req.kv.kv_allocated_len -= evicted
+        req.skip_radix_cache_insert = True  # I4
+        self.stats.compacted(evicted, self.page_size)
+        return i, req.kv_committed_len
+
+
+def _set_lengths(batch, updates) -> None:
+    # New tensors, never in-place edits: an in-flight forward may hold the old ones.
+    seq_lens_cpu = batch.seq_lens_cpu.clone()
+    for i, new_len in updates:
+        seq_lens_cpu[i] = new_len
+    batch.seq_lens_cpu = seq_lens_cpu
+    batch.seq_lens = seq_lens_cpu.to(batch.seq_lens.device, non_blocking=True)
+    batch.seq_lens_sum = None

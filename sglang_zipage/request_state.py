@@ -1,0 +1,68 @@
+"""Zipage's per-request state, kept on SGLang's Req as ``req.zipage``.
+
+Created at a request's first decode step (``state_of``), when its compressible suffix starts:
+the columns [0, c0) are the prompt's full pages (radix-owned, never compressed), [c0, kv_len)
+its decode suffix. A retraction starts it over (``restart``): the request re-prefills and its
+c0 is found again. The invariants it carries are budget.py's (I5: position = physical length
++ pos_offset). Duck-types SGLang's Req; imports nothing of sglang or torch.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Optional
+
+
+@dataclass
+class ReqState:
+    c0: Optional[int]  # first compressible column (page aligned, >= the radix-owned
+    # prefix); None until the request's next decode step after a (re-)prefill
+    pos_offset: int = 0  # logical length - physical length (I5)
+    compactions: int = 0
+    pressure_compactions: int = 0  # elastic mode: those made on demand
+    n_stored: int = 0  # leading suffix tokens whose global score is valid (kept last time)
+    window_since: int = -1  # decode_batch_idx when the request got its window slot
+    max_suffix: int = 0  # largest suffix seen at a decode step (I6 evidence)
+    shadow: Any = None  # its asynchronous compaction in flight (shadows.Shadow), if any
+
+    def physical(self, logical: int) -> int:
+        """A logical length (positions) as the columns it occupies (I5)."""
+        return logical - self.pos_offset
+
+
+def compress_start(req, budget) -> int:
+    """c0 of the request: past its prompt's full pages and what the radix tree protects."""
+    return budget.compress_start(req.cache_protected_len, len(req.origin_input_ids))
+
+
+def state_of(req, budget) -> ReqState:
+    """The request's state, created (or its c0 found again after a retraction) on first use."""
+    st = getattr(req, "zipage", None)
+    if st is None:
+        st = req.zipage = ReqState(c0=compress_start(req, budget))
+    elif st.c0 is None:
+        st.c0 = compress_start(req, budget)
+    return st
+
+
+def suffix_len(req, budget) -> int:
+    """Columns of the request's compressible suffix (0 before its first decode step)."""
+    st = getattr(req, "zipage", None)
+    c0 = st.c0 if st is not None and st.c0 is not None else compress_start(req, budget)
+    return max(0, req.kv_committed_len - c0)
+
+
+def physical_len(req, logical: int) -> int:
+    """A logical length of the request (position count) as a column count (I5)."""
+    st = getattr(req, "zipage", None)
+    return st.physical(logical) if st is not None else logical
+
+
+def restart(req) -> None:
+    """After retraction the request re-prefills its tokens; its suffix starts over. Its
+    compaction counts stay (meta_info); c0 is found at its next decode step, from the prefix
+    it re-matched."""
+    st = getattr(req, "zipage", None)
+    if st is not None:
+        req.zipage = ReqState(c0=None, compactions=st.compactions,
+                              pressure_compactions=st.pressure_compactions)

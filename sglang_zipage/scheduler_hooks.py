@@ -1,0 +1,197 @@
+"""The hook bodies of SGLang's scheduler process (the table is in hooks.py).
+
+Thin: each reads SGLang objects, calls the ZipageRuntime (runtime.py) and writes results
+back. ``RUNTIME`` is this process's runtime, once hooks.install made it.
+"""
+
+from __future__ import annotations
+
+import logging
+
+logger = logging.getLogger("sglang_zipage")
+
+RUNTIME = None  # the ZipageRuntime of this process, once installed with zipage enabled
+
+
+def after_alloc_memory_pool(result, model_runner, *args, **kwargs):
+    RUNTIME.attach(model_runner)
+
+
+def remember_kv_memory(result, kvc, *args, **kwargs):
+    RUNTIME.kv_memory_bytes = result  # what SGLang sizes the pool from (memory.py M3)
+    return result
+
+
+def pool_makes_room(original, kvc, *args, **kwargs):
+    """SGLang sized the pool; zipage's buffers come out of it (memory.py), and SGLang's own
+    configurator re-sizes the pool (and its request cap) for the tokens that remain."""
+    config = original(kvc, *args, **kwargs)
+    if kvc.is_draft_worker:
+        return config
+    from sglang.srt.model_executor.pool_configurator import create_memory_pool_configurator
+
+    from sglang_zipage import kv_layout, memory
+
+    configurator = create_memory_pool_configurator(kvc)
+    cell = int(configurator._cell_size)  # KV bytes per token of max_total_num_tokens
+    page = kvc.page_size
+    arch = (kvc.model_config.hf_config.architectures or ["this model"])[0]
+    shapes = kv_layout.buffer_shapes(kvc.model, mla=bool(kvc.use_mla_backend),
+                                     dtype_bytes=kvc.model_dtype.itemsize,
+                                     global_scores=RUNTIME.config.decay > 0)
+    stock = config.max_total_num_tokens
+    try:
+        plan = RUNTIME.plan_memory(
+            shapes, stock_pool_tokens=stock, cell_bytes=cell,
+            available_bytes=getattr(RUNTIME, "kv_memory_bytes", None) or stock * cell,
+            max_running=config.max_running_requests, page=page, model=arch)
+    except memory.NoRoom as e:
+        logger.error("%s", e)  # the line to read above SGLang's traceback
+        raise
+    if plan.pool_tokens == stock:
+        return config
+    new = configurator.calculate_pool_sizes_from_max_tokens(plan.pool_tokens, page)
+    new.max_running_requests = min(config.max_running_requests,
+                                   kvc.resolve_max_num_reqs(new.max_total_num_tokens))
+    new = configurator.finalize_with_max_running_requests(new)
+    new.mem_fraction_static = config.mem_fraction_static
+    return new
+
+
+def stash_mla_query(result, attention, *args, **kwargs):
+    RUNTIME.stash_query(attention.layer_id, result[0])  # (q_nope, q_pe, k_pe)
+    return result
+
+
+def capture_queries(original, layer, q, k, v, forward_batch, *args, **kwargs):
+    if forward_batch.forward_mode.is_decode() and RUNTIME.ready:
+        RUNTIME.capture(layer.layer_id, q, kwargs.get("q_rope"), forward_batch)
+    return original(layer, q, k, v, forward_batch, *args, **kwargs)
+
+
+def logical_positions(result, cls, batch, *args, **kwargs):
+    if batch is not None and result.forward_mode.is_decode() and RUNTIME.ready:
+        offsets = RUNTIME.position_offsets(batch)
+        if offsets is not None:
+            result.positions = result.positions + offsets
+    return result
+
+
+def flush_before_forward(original, worker, *args, **kwargs):
+    RUNTIME.flush()
+    return original(worker, *args, **kwargs)
+
+
+def compress_before_mem_check(batch, selected_indices=None):
+    if selected_indices is None and RUNTIME.ready:
+        RUNTIME.before_decode(batch)
+
+
+def room_for_waiting(scheduler, running_batch, *args, **kwargs):
+    if RUNTIME.ready and RUNTIME.budget.elastic:
+        RUNTIME.admit_pressure(scheduler.waiting_queue, running_batch,
+                               scheduler.max_running_requests)
+
+
+def retract_compressed_last(original, reqs, server_args):
+    order = original(reqs, server_args)
+    # Most-preferred first; compressed requests go first (kept longest): their lossy
+    # state can only be rebuilt by re-prefill plus a new compaction.
+    return sorted(order, key=lambda i: not is_compressed(reqs[i]))
+
+
+def running_reserve(original, adder, req):
+    reserve = RUNTIME.running_reserve(req)
+    if reserve is None:  # compression off for this request: SGLang's own estimate
+        return RUNTIME.stock_reserve(req) * adder.new_token_ratio
+    return reserve
+
+
+def reserve_shadow_slots(result, adder, *args, **kwargs):
+    adder.rem_total_token_offset += RUNTIME.shadow_reserve()
+
+
+def count_shadow_slots(result, checker, *args, **kwargs):
+    full, swa = result
+    return full + RUNTIME.shadows.held, swa
+
+
+def evict_for(batch, num_tokens):
+    from sglang.srt.mem_cache.common import evict_from_tree_cache
+
+    evict_from_tree_cache(batch.tree_cache, num_tokens)
+
+
+def lift_pool_cap(original, scheduler, req):
+    requested = req.sampling_params.max_new_tokens
+    original(scheduler, req)
+    budget = RUNTIME.budget_of(req)
+    if budget is None:
+        return  # compression off for this request: SGLang's cap stands
+    page = scheduler.page_size
+    paged_input = -(-len(req.origin_input_ids) // page) * page
+    if paged_input + budget.admission_reserve() + page < scheduler.max_total_num_tokens:
+        # The footprint is bounded by the budget, so only the model's context length
+        # (logical positions) bounds the output, not the KV pool.
+        cap = scheduler.model_config.context_len - 1 - len(req.origin_input_ids) - 1
+        limit = scheduler.max_new_tokens_limit
+        want = requested if requested is not None else 1 << 30
+        if limit is not None and limit > 0:
+            want = min(want, limit)
+        req.sampling_params.max_new_tokens = max(0, min(want, cap))
+
+
+def release_window(pool, req):
+    RUNTIME.on_release(req)
+
+
+def reset_on_retract(result, req):
+    RUNTIME.on_retract(req)
+
+
+def physical_swa_eviction(original, batch, req, pre_len):
+    # SGLang passes the logical length (req.seqlen - 1); the columns are physical.
+    return original(batch, req, RUNTIME.physical_len(req, pre_len) if RUNTIME.ready else pre_len)
+
+
+def outputs_stay_private(original, req, tree_cache, **kwargs):
+    """A retracted request re-prefills prompt + output. Inserted into the tree, the output
+    would be shared, so never compressible: each retraction would grow the request's
+    footprint past its budget. Its output KV stays its own; like SGLang's own
+    cache_unfinished_req, the next chunk starts from all KV written so far."""
+    n = len(req.get_fill_ids())
+    if not (RUNTIME.ready and RUNTIME.keeps_outputs_private(req, n)):
+        return original(req, tree_cache, **kwargs)
+    import torch
+
+    req.prefix_indices = tree_cache.req_to_token_pool.req_to_token[
+        req.req_pool_idx, :n].to(dtype=torch.int64, copy=True)
+
+
+def report_state(result, scheduler, *args, **kwargs):
+    running = scheduler.running_batch.reqs if scheduler.running_batch is not None else []
+    report = RUNTIME.report(running)
+    # The ranks that run the same requests: all TP ranks, or with DP attention the ranks of
+    # this attention-TP group. Each of them handles this control request: gather what each did.
+    tp = scheduler.attn_tp_group
+    if tp.world_size > 1:
+        from sglang_zipage import decisions
+
+        report.update(decisions.across_ranks(RUNTIME.decisions.summary(), tp.cpu_group))
+    result.internal_state["zipage"] = report
+    return result
+
+
+def decode_log_parts(result, observer, *args, **kwargs):
+    return result + RUNTIME.log_parts()
+
+
+def attach_meta_info(result, req, *args, **kwargs):
+    from sglang_zipage import meta_info
+
+    meta_info.attach(req)
+
+
+def is_compressed(req) -> bool:
+    st = getattr(req, "zipage", None)
+    return st is not None and st.compactions > 0
