@@ -139,16 +139,17 @@ class Budgets:
         self.floor = -(-min_kv_budget // page) * page
         self._own: Dict[int, Budget] = {}
 
-    def of(self, own: Optional[int]) -> Optional[Budget]:
-        """own: the request's zipage_kv_budget, or None (the server's); 0: no compression."""
-        if own is None:
-            return self.server
+    def of(self, own: Optional[int], boost: int = 1) -> Optional[Budget]:
+        """own: the request's zipage_kv_budget, or None (the server's); 0: no compression.
+        boost: the loop guard's multiplier (repetition.py)."""
         if own == 0:
             return None
-        own = max(own, self.floor)
-        if own not in self._own:
-            self._own[own] = dataclasses.replace(self.server, kv_budget=own)
-        return self._own[own]
+        kv = (self.server.kv_budget if own is None else max(own, self.floor)) * boost
+        if kv == self.server.kv_budget:
+            return self.server
+        if kv not in self._own:
+            self._own[kv] = dataclasses.replace(self.server, kv_budget=kv)
+        return self._own[kv]
 
 
 @dataclass

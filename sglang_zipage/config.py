@@ -37,7 +37,7 @@ def _flag(help_: str, flag: Optional[str] = None, **kw) -> dict:
 class ZipageConfig:
     enabled: bool = field(default=True, metadata=_flag(
         "Turn Compressed PagedAttention off: the server then behaves exactly like stock SGLang.",
-        flag="--zipage-disable", invert=True))
+        flag="--zipage-disable", invert=True, on_text="compression on"))
     kv_budget: int = field(default=2048, metadata=_flag(
         "Decode-phase KV tokens each request keeps per KV head after a compaction (paper: N*b). "
         "Must be a multiple of --page-size and at least --zipage-window + --zipage-sink."))
@@ -77,6 +77,11 @@ class ZipageConfig:
         "Which tokens a compaction keeps: score (Zipage's scoring), or the baselines random "
         "and recent (most recent tokens only), for quality comparisons.",
         choices=SELECTION_MODES))
+    loop_guard: bool = field(default=True, metadata=_flag(
+        "Loop guard: for a request that went through a compaction, watch its last 400 tokens "
+        "every 32; when over half their 8-grams repeat, double its budget (up to 4 times), so a "
+        "loop that eviction started keeps more of its own KV. Counted as zipage_loop_guard.",
+        flag="--zipage-no-loop-guard", invert=True, on_text="guard on"))
     memory_fraction: float = field(default=0.03, metadata=_flag(
         "Most of the KV pool's memory zipage's GPU buffers (global scores and the query window) "
         "may take; the pool shrinks by what they take. Where it cannot hold the global scores "
@@ -165,8 +170,8 @@ class ZipageConfig:
             meta = f.metadata
             flag = flag_name(f.name)
             if f.type in ("bool", bool):
-                help_ = meta["help"] + (" (default: compression on)" if meta.get("invert")
-                                        else " (default: off)")
+                help_ = meta["help"] + (f" (default: {meta.get('on_text', 'on')})"
+                                        if meta.get("invert") else " (default: off)")
                 group.add_argument(flag, dest=f"zipage_{f.name}", action="store_true", help=help_)
                 continue
             typ = {"int": int, "float": float, "str": str}[f.type if isinstance(f.type, str)

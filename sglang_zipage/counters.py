@@ -23,6 +23,7 @@ class Counters:
                            async_awaited=0, async_fallbacks=0, pressure_compactions=0,
                            # compactions without a window slot (memory.py: most recent kept)
                            windowless_compactions=0,
+                           loop_guard_triggers=0,  # budgets the loop guard raised
                            # one per request per decode step; of those, the steps of requests
                            # compacted before the step was planned (tokens from compressed KV)
                            decode_tokens=0, compressed_decode_tokens=0)
@@ -72,6 +73,12 @@ class Counters:
         self.values["windowless_compactions"] += 1
         if self.metrics is not None:
             self.metrics.windowless_compactions.inc()
+
+    def loop_guard(self) -> None:
+        """The loop guard raised a repeating request's budget (repetition.py)."""
+        self.values["loop_guard_triggers"] += 1
+        if self.metrics is not None:
+            self.metrics.loop_guard_triggers.inc()
 
     def launch_time(self, seconds: float) -> None:
         """Host time spent launching compactions."""

@@ -1,5 +1,6 @@
-"""Per-response compression facts in ``meta_info``: ``zipage_compactions``, ``zipage_kv_len``
-and, in elastic mode, ``zipage_pressure_compactions`` (those the pool's pressure caused).
+"""Per-response compression facts in ``meta_info``: ``zipage_compactions``, ``zipage_kv_len``,
+in elastic mode ``zipage_pressure_compactions`` (those the pool's pressure caused), and
+``zipage_loop_guard`` (times the loop guard raised the request's budget).
 
 SGLang 0.5.17 carries per-request extras from the scheduler to the HTTP layer only as
 ``Req.customized_info``: per-output-token lists that the output streamer slices and the
@@ -10,7 +11,7 @@ slices repeat the request's current value, and fold the accumulated list back to
 
 from __future__ import annotations
 
-KEYS = ("zipage_compactions", "zipage_kv_len", "zipage_pressure_compactions")
+KEYS = ("zipage_compactions", "zipage_kv_len", "zipage_pressure_compactions", "zipage_loop_guard")
 
 
 class LiveValue:
@@ -34,6 +35,11 @@ def _pressure_compactions(req) -> int:
     return st.pressure_compactions if st is not None else 0
 
 
+def _loop_guard(req) -> int:
+    st = getattr(req, "zipage", None)
+    return st.loop_guard if st is not None else 0
+
+
 def _kv_len(req) -> int:
     return int(req.kv_committed_len)  # physical KV tokens held, prompt included
 
@@ -43,6 +49,7 @@ def attach(req) -> None:
     info["zipage_compactions"] = LiveValue(req, _compactions)
     info["zipage_kv_len"] = LiveValue(req, _kv_len)
     info["zipage_pressure_compactions"] = LiveValue(req, _pressure_compactions)
+    info["zipage_loop_guard"] = LiveValue(req, _loop_guard)
     req.customized_info = info
 
 

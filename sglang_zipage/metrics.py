@@ -28,6 +28,9 @@ class ZipageMetrics:
         self.windowless_compactions = Counter(
             "zipage:windowless_compactions",
             "Compactions of requests that found no free query-window slot (recent tokens kept).")
+        self.loop_guard_triggers = Counter(
+            "zipage:loop_guard_triggers",
+            "Budgets the loop guard raised (a compacted request repeating itself).")
         self.compressed_running = Gauge(
             "zipage:num_running_compressed_reqs", "Running requests that went through a compaction.",
             multiprocess_mode="mostrecent")

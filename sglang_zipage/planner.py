@@ -5,6 +5,7 @@ Each decode step (``step``, before SGLang's decode memory check, so the freed pa
   - fixed mode, and elastic mode under pressure: a request at its limit is compacted, with its
     window or windowless (W2); with --zipage-async a few tokens earlier, into fresh slots
     (shadows.py), committed at the limit;
+  - a compacted request that repeats itself gets a larger budget (the loop guard);
   - elastic mode: when the step would run short of pages, over-budget requests are compacted
     down to their budgets, largest first (``make_room``), as they are before admission when
     the first waiting request does not fit beside what running requests reserve (``admit``).
@@ -18,8 +19,10 @@ from __future__ import annotations
 from typing import List, Optional
 
 from sglang_zipage import request_budget, request_state
+from sglang_zipage.request_state import set_lengths
 from sglang_zipage.budget import Budget, Budgets, Pressure
 from sglang_zipage.compaction import CompactionItem, CompactionPlan, plan_compaction
+from sglang_zipage.repetition import LoopGuard
 
 MAX_REQS_PER_LAUNCH = 32  # bounds the scoring scratch ([L, R, Hkv, S] fp32) ...
 QUERY_SCRATCH_BYTES = 512 << 20  # ... the window rows a launch gathers ...
@@ -29,7 +32,7 @@ SCRATCH_LIMITS = 32  # ... and R * S <= this many budget limits (elastic suffixe
 class Planner:
     def __init__(self, budgets: Budgets, *, layout, window, shadows, allocator, stats, decisions,
                  evict=None, stock_clip: int = 4096, headroom: int = 1,
-                 launch_cap: int = MAX_REQS_PER_LAUNCH):
+                 launch_cap: int = MAX_REQS_PER_LAUNCH, loop_guard: Optional[LoopGuard] = None):
         self.budgets = budgets
         self.layout = layout  # remap_window after a plan (hybrid SWA)
         self.window = window  # the query window's slots (query_window.py)
@@ -41,6 +44,7 @@ class Planner:
         self.stock_clip = stock_clip  # SGLang's output estimate (CLIP_MAX_NEW_TOKENS)
         self.headroom = headroom  # elastic mode: compact this much more than the shortfall
         self.launch_cap = launch_cap
+        self.loop_guard = loop_guard  # repetition.py, or None (--zipage-no-loop-guard)
         self.page_size = budgets.server.page_size
         self.pending: List[CompactionPlan] = []  # planned, for the executor
         self.pressure = Pressure()  # elastic mode: room or pressure (budget.py)
@@ -50,8 +54,10 @@ class Planner:
 
     # ------------------------------------------------------ per request
     def budget_of(self, req) -> Optional[Budget]:
-        """The request's budget: its own zipage_kv_budget, the server's, or None (off)."""
-        return self.budgets.of(request_budget.of(req))
+        """The request's budget: its own zipage_kv_budget, the server's, or None (off),
+        times what the loop guard gave it."""
+        st = getattr(req, "zipage", None)
+        return self.budgets.of(request_budget.of(req), st.loop_boost if st is not None else 1)
 
     def state(self, req):
         return request_state.state_of(req, self.budgets.server)
@@ -88,6 +94,9 @@ class Planner:
                 continue
             st = self.state(req)
             compressed += st.compactions > 0
+            if self.loop_guard and st.compactions and self.loop_guard.watch(st, req.output_ids):
+                self.stats.loop_guard()
+                budget = self.budget_of(req)
             suffix = req.kv_committed_len - st.c0
             st.max_suffix = max(st.max_suffix, suffix)
             self.stats.suffix(suffix)
@@ -121,7 +130,7 @@ class Planner:
             if pressed:  # compressing at the limit is what pressure means in elastic mode
                 self._count_pressure(batch, rows)
         if updates:
-            _set_lengths(batch, updates)
+            set_lengths(batch, updates)
         if elastic:  # this step writes up to one page per request
             short = len(batch.reqs) * self.page_size - self._room(batch)
             if short > 0:
@@ -185,7 +194,7 @@ class Planner:
             rows.append(i)
         if items:
             self._count_pressure(batch, rows)
-            _set_lengths(batch, self._plan(batch, items, rows))
+            set_lengths(batch, self._plan(batch, items, rows))
         return freed
 
     def _count_pressure(self, batch, rows) -> None:
@@ -284,13 +293,3 @@ class Planner:
         req.skip_radix_cache_insert = True  # I4
         self.stats.compacted(evicted, self.page_size)
         return i, req.kv_committed_len
-
-
-def _set_lengths(batch, updates) -> None:
-    # New tensors, never in-place edits: an in-flight forward may hold the old ones.
-    seq_lens_cpu = batch.seq_lens_cpu.clone()
-    for i, new_len in updates:
-        seq_lens_cpu[i] = new_len
-    batch.seq_lens_cpu = seq_lens_cpu
-    batch.seq_lens = seq_lens_cpu.to(batch.seq_lens.device, non_blocking=True)
-    batch.seq_lens_sum = None

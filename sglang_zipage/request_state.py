@@ -4,7 +4,7 @@ Created at a request's first decode step (``state_of``), when its compressible s
 the columns [0, c0) are the prompt's full pages (radix-owned, never compressed), [c0, kv_len)
 its decode suffix. A retraction starts it over (``restart``): the request re-prefills and its
 c0 is found again. The invariants it carries are budget.py's (I5: position = physical length
-+ pos_offset). Duck-types SGLang's Req; imports nothing of sglang or torch.
++ pos_offset). Duck-types SGLang's Req and ScheduleBatch; imports nothing of sglang or torch.
 """
 
 from __future__ import annotations
@@ -24,6 +24,9 @@ class ReqState:
     window_since: int = -1  # decode_batch_idx when the request got its window slot
     max_suffix: int = 0  # largest suffix seen at a decode step (I6 evidence)
     shadow: Any = None  # its asynchronous compaction in flight (shadows.Shadow), if any
+    loop_boost: int = 1  # its budget's multiplier, raised by the loop guard (repetition.py)
+    loop_guard: int = 0  # times the loop guard raised it
+    loop_checked_at: int = 0  # output length at the guard's last check
 
     def physical(self, logical: int) -> int:
         """A logical length (positions) as the columns it occupies (I5)."""
@@ -60,9 +63,22 @@ def physical_len(req, logical: int) -> int:
 
 def restart(req) -> None:
     """After retraction the request re-prefills its tokens; its suffix starts over. Its
-    compaction counts stay (meta_info); c0 is found at its next decode step, from the prefix
-    it re-matched."""
+    compaction counts and its loop guard's state stay; c0 is found at its next decode step,
+    from the prefix it re-matched."""
     st = getattr(req, "zipage", None)
     if st is not None:
         req.zipage = ReqState(c0=None, compactions=st.compactions,
-                              pressure_compactions=st.pressure_compactions)
+                              pressure_compactions=st.pressure_compactions,
+                              loop_boost=st.loop_boost, loop_guard=st.loop_guard,
+                              loop_checked_at=st.loop_checked_at)
+
+
+def set_lengths(batch, updates) -> None:
+    """The batch's KV lengths after compactions: [(row, new physical length)]. New tensors,
+    never in-place edits: an in-flight forward may hold the old ones."""
+    seq_lens_cpu = batch.seq_lens_cpu.clone()
+    for i, new_len in updates:
+        seq_lens_cpu[i] = new_len
+    batch.seq_lens_cpu = seq_lens_cpu
+    batch.seq_lens = seq_lens_cpu.to(batch.seq_lens.device, non_blocking=True)
+    batch.seq_lens_sum = None

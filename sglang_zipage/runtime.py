@@ -29,6 +29,7 @@ from sglang_zipage.decisions import DecisionLog
 from sglang_zipage.executor import Executor
 from sglang_zipage.planner import MAX_REQS_PER_LAUNCH, QUERY_SCRATCH_BYTES, Planner
 from sglang_zipage.query_window import QueryWindow
+from sglang_zipage.repetition import LoopGuard
 from sglang_zipage.scoring import ScoringParams
 from sglang_zipage.shadows import ShadowCompactions
 
@@ -109,7 +110,8 @@ class ZipageRuntime:
             # elastic mode: once room is short, compact until this much more is free
             headroom=max(page, model_runner.max_total_num_tokens // 32 // page * page),
             # scoring gathers a launch's window rows at once: at most QUERY_SCRATCH_BYTES
-            launch_cap=max(1, min(MAX_REQS_PER_LAUNCH, QUERY_SCRATCH_BYTES // plan.slot_bytes)))
+            launch_cap=max(1, min(MAX_REQS_PER_LAUNCH, QUERY_SCRATCH_BYTES // plan.slot_bytes)),
+            loop_guard=LoopGuard() if cfg.loop_guard else None)
         self.executor = Executor(self.params, kv, window, score_buffer, query.scale,
                                  self.planner.pending, self.shadows, self.stats, device)
         t0 = time.perf_counter()
