@@ -46,6 +46,8 @@ class CompactionItem:
     first: bool  # first compaction of this request (pooling applies)
     window_slot: int  # its row in the query window; 0: none (windowless, memory.py)
     kv_budget: int  # k: tokens it keeps per (layer, KV head)
+    tail: int = 0  # columns after the compressed span, [c0 + S, c0 + S + tail): its answer,
+    # never evicted; they move right behind the kept tokens (``shift_tail``)
 
 
 @dataclass(frozen=True)
@@ -108,6 +110,16 @@ def plan_compaction(req_to_token: torch.Tensor, items: Sequence[CompactionItem],
         windowless=windowless,
     )
     return plan, to_free
+
+
+def shift_tail(req_to_token: torch.Tensor, it: CompactionItem) -> None:
+    """After a plan over [c0, c0 + S): point columns [c0 + k, c0 + k + tail) at the tail's
+    slots, columns [c0 + S, c0 + S + tail). Only the table moves, not the KV; S and k are page
+    aligned, so every tail token keeps its offset inside its page (I1). On the scheduler's
+    stream, after the plan's snapshot (its freed slots were read before)."""
+    if it.tail:
+        row, k, s = req_to_token[it.req_pool_idx], it.c0 + it.kv_budget, it.c0 + it.suffix
+        row[k:k + it.tail] = row[s:s + it.tail].clone()
 
 
 def commit_shadow(req_to_token: torch.Tensor, req_pool_idx: int, c0: int, snapshot: int,

@@ -77,6 +77,14 @@ class ZipageConfig:
         "Which tokens a compaction keeps: score (Zipage's scoring), or the baselines random "
         "and recent (most recent tokens only), for quality comparisons.",
         choices=SELECTION_MODES))
+    think_end: str = field(default="", metadata=_flag(
+        "Text that closes a reasoning model's thinking segment (e.g. </think>): the tokens from "
+        "it on (the answer) are never evicted; the thinking segment compresses as any output. "
+        "Empty: the marker of SGLang's --reasoning-parser when one is set; 'none': off."))
+    answer_budget: int = field(default=0, metadata=_flag(
+        "Once a request's answer starts, compact its thinking segment once more, down to this "
+        "many tokens, scored with the answer's first queries (0: keep it as it is; the thinking "
+        "segment is compacted down to --zipage-kv-budget only if it grew past its limit)."))
     loop_guard: bool = field(default=True, metadata=_flag(
         "Loop guard: for a request that went through a compaction, watch its last 400 tokens "
         "every 32; when over half their 8-grams repeat, double its budget (up to 4 times), so a "
@@ -102,6 +110,10 @@ class ZipageConfig:
                 bad(name, f"must be an integer >= 1, got {v!r}")
         for name, problem in scoring_problems(self):
             bad(name, problem)
+        if self.answer_budget:
+            problem = self.budget_problem(self.answer_budget, page_size or 1)
+            if problem:
+                bad("answer_budget", problem)
         if not 0.0 < self.memory_fraction <= 0.5:
             bad("memory_fraction", f"must be in (0, 0.5], got {self.memory_fraction}")
         if self.mode not in MODES:

@@ -24,6 +24,8 @@ class Counters:
                            # compactions without a window slot (memory.py: most recent kept)
                            windowless_compactions=0,
                            loop_guard_triggers=0,  # budgets the loop guard raised
+                           # think segments: answers begun, thinking segments compacted then
+                           answers_started=0, answer_compactions=0,
                            # one per request per decode step; of those, the steps of requests
                            # compacted before the step was planned (tokens from compressed KV)
                            decode_tokens=0, compressed_decode_tokens=0)

@@ -1,5 +1,6 @@
 """The hook bodies of the process that runs SGLang's tokenizer manager (the HTTP server or
-an Engine): per-request budgets in, zipage's meta_info out (the table is in hooks.py).
+an Engine): per-request options in (request_options.py), zipage's meta_info out (the table
+is in hooks.py).
 """
 
 from __future__ import annotations
@@ -18,20 +19,52 @@ def fold_meta_info(original, tokenizer_manager, *args, **kwargs):
     return responses()
 
 
-def request_budget_to_custom_params(tokenizer_manager, obj, *args, **kwargs):
-    from sglang_zipage import request_budget
+def request_options_to_custom_params(tokenizer_manager, obj, *args, **kwargs):
+    from sglang_zipage import request_options
 
-    if isinstance(getattr(obj, "sampling_params", None), dict):
-        obj.sampling_params = request_budget.move_to_custom_params(
-            obj.sampling_params, CONFIG, tokenizer_manager.server_args.page_size or 1)
+    page = tokenizer_manager.server_args.page_size or 1
+    tokenize = _tokenize(tokenizer_manager)
+    marker = default_think_end(tokenizer_manager)
+    move = lambda p: request_options.move_to_custom_params(p, CONFIG, page, tokenize, marker)  # noqa: E731
+    params = getattr(obj, "sampling_params", None)
+    if isinstance(params, dict) or (params is None and marker):
+        obj.sampling_params = move(params)
+    elif isinstance(params, list):  # a batch: one dict per prompt
+        obj.sampling_params = [move(p) if isinstance(p, dict) or p is None else p for p in params]
+
+
+def _tokenize(tokenizer_manager):
+    tokenizer = getattr(tokenizer_manager, "tokenizer", None)
+    return None if tokenizer is None else (
+        lambda text: tokenizer.encode(text, add_special_tokens=False))
+
+
+_MARKER = {}  # the server's think-end ids, found once per process
+
+
+def default_think_end(tokenizer_manager):
+    """The server's think-end marker as token ids: --zipage-think-end, else the marker of
+    SGLang's --reasoning-parser; None for none ('none', no parser, or no tokenizer)."""
+    if "ids" not in _MARKER:
+        text = CONFIG.think_end
+        parser = getattr(tokenizer_manager.server_args, "reasoning_parser", None)
+        if not text and parser:
+            from sglang.srt.parser.reasoning_parser import ReasoningParser
+
+            detector = ReasoningParser.DetectorMap.get(parser.lower())
+            text = detector().think_end_token if detector else ""
+        tokenize = _tokenize(tokenizer_manager)
+        _MARKER["ids"] = (tokenize(text) or None) if text and text != "none" and tokenize else None
+    return _MARKER["ids"]
 
 
 def openai_extra_budget(result, request, *args, **kwargs):
-    from sglang_zipage.request_budget import FIELD
+    from sglang_zipage.request_options import FIELDS
 
     extra = getattr(request, "model_extra", None) or {}
-    if FIELD in extra:
-        result[FIELD] = extra[FIELD]
+    for field in FIELDS:
+        if field in extra:
+            result[field] = extra[field]
     return result
 
 

@@ -94,9 +94,10 @@ def _frontend_hook_table():
         ("managers.tokenizer_manager.TokenizerManager._wait_one_response", T.AROUND,
          fe.fold_meta_info, "one integer per zipage meta_info key, not a per-token list (L1662)"),
         ("managers.tokenizer_manager.TokenizerManager._create_tokenized_object", T.BEFORE,
-         fe.request_budget_to_custom_params, "validate zipage_kv_budget (HTTP 400), carry it (L1314)"),
+         fe.request_options_to_custom_params,
+         "validate zipage_kv_budget / _think_end / _answer_budget (HTTP 400), carry them (L1314)"),
         ("entrypoints.openai.protocol.ChatCompletionRequest.to_sampling_params", T.AFTER,
-         fe.openai_extra_budget, "OpenAI extra_body zipage_kv_budget (L984)"),
+         fe.openai_extra_budget, "OpenAI extra_body zipage options (L984)"),
         ("entrypoints.openai.serving_completions.OpenAIServingCompletion._build_sampling_params",
          T.AFTER, fe.openai_completion_budget, "the same for /v1/completions (L141)"),
     ]

@@ -5,7 +5,8 @@ Each decode step (``step``, before SGLang's decode memory check, so the freed pa
   - fixed mode, and elastic mode under pressure: a request at its limit is compacted, with its
     window or windowless (W2); with --zipage-async a few tokens earlier, into fresh slots
     (shadows.py), committed at the limit;
-  - a compacted request that repeats itself gets a larger budget (the loop guard);
+  - a compacted request that repeats itself gets a larger budget (the loop guard); one whose
+    answer started compresses its thinking segment once more, never its answer (segments.py);
   - elastic mode: when the step would run short of pages, over-budget requests are compacted
     down to their budgets, largest first (``make_room``), as they are before admission when
     the first waiting request does not fit beside what running requests reserve (``admit``).
@@ -18,11 +19,14 @@ from __future__ import annotations
 
 from typing import List, Optional
 
-from sglang_zipage import request_budget, request_state
+from sglang_zipage import request_options, request_state
 from sglang_zipage.request_state import set_lengths
+from sglang_zipage.admission import Admission
 from sglang_zipage.budget import Budget, Budgets, Pressure
-from sglang_zipage.compaction import CompactionItem, CompactionPlan, plan_compaction
+from sglang_zipage.compaction import (CompactionItem, CompactionPlan, plan_compaction,
+                                     shift_tail)
 from sglang_zipage.repetition import LoopGuard
+from sglang_zipage.segments import Segments
 
 MAX_REQS_PER_LAUNCH = 32  # bounds the scoring scratch ([L, R, Hkv, S] fp32) ...
 QUERY_SCRATCH_BYTES = 512 << 20  # ... the window rows a launch gathers ...
@@ -32,7 +36,8 @@ SCRATCH_LIMITS = 32  # ... and R * S <= this many budget limits (elastic suffixe
 class Planner:
     def __init__(self, budgets: Budgets, *, layout, window, shadows, allocator, stats, decisions,
                  evict=None, stock_clip: int = 4096, headroom: int = 1,
-                 launch_cap: int = MAX_REQS_PER_LAUNCH, loop_guard: Optional[LoopGuard] = None):
+                 launch_cap: int = MAX_REQS_PER_LAUNCH, loop_guard: Optional[LoopGuard] = None,
+                 segments: Optional[Segments] = None):
         self.budgets = budgets
         self.layout = layout  # remap_window after a plan (hybrid SWA)
         self.window = window  # the query window's slots (query_window.py)
@@ -41,10 +46,11 @@ class Planner:
         self.stats = stats
         self.decisions = decisions
         self.evict = evict  # evict(batch, n): make n slots free from the radix tree (hooks)
-        self.stock_clip = stock_clip  # SGLang's output estimate (CLIP_MAX_NEW_TOKENS)
+        self.admission = Admission(self.budget_of, stock_clip)
         self.headroom = headroom  # elastic mode: compact this much more than the shortfall
         self.launch_cap = launch_cap
         self.loop_guard = loop_guard  # repetition.py, or None (--zipage-no-loop-guard)
+        self.segments = segments  # thinking and answer (segments.py), or None
         self.page_size = budgets.server.page_size
         self.pending: List[CompactionPlan] = []  # planned, for the executor
         self.pressure = Pressure()  # elastic mode: room or pressure (budget.py)
@@ -57,27 +63,10 @@ class Planner:
         """The request's budget: its own zipage_kv_budget, the server's, or None (off),
         times what the loop guard gave it."""
         st = getattr(req, "zipage", None)
-        return self.budgets.of(request_budget.of(req), st.loop_boost if st is not None else 1)
+        return self.budgets.of(request_options.of(req), st.loop_boost if st is not None else 1)
 
     def state(self, req):
         return request_state.state_of(req, self.budgets.server)
-
-    def running_reserve(self, req) -> Optional[int]:
-        """Tokens a running request may still add; None when it never compresses."""
-        budget = self.budget_of(req)
-        if budget is None:
-            return None
-        remaining = req.sampling_params.max_new_tokens - len(req.output_ids)
-        return budget.reserve(request_state.suffix_len(req, budget), remaining)
-
-    def stock_reserve(self, req) -> int:
-        """SGLang's own estimate of what a request that never compresses may still add."""
-        return min(req.sampling_params.max_new_tokens - len(req.output_ids), self.stock_clip)
-
-    def admission_view(self, req) -> int:
-        """What admission sets aside for a running request (before SGLang's new-token ratio)."""
-        own = self.running_reserve(req)
-        return self.stock_reserve(req) if own is None else own
 
     # ------------------------------------------------------- decode step
     def step(self, batch) -> None:
@@ -98,13 +87,20 @@ class Planner:
                 self.stats.loop_guard()
                 budget = self.budget_of(req)
             suffix = req.kv_committed_len - st.c0
-            st.max_suffix = max(st.max_suffix, suffix)
-            self.stats.suffix(suffix)
             if st.shadow is not None:  # in flight: commit at the limit. Never earlier on a
                 # GPU-timing probe: tensor-parallel ranks must take the same step everywhere.
                 if suffix >= budget.limit:
                     commits.append((i, suffix))
                 continue
+            if self.segments is not None and self.segments.answering(req, st, self.window, self.stats):
+                item = self.segments.answer_item(req, st, budget, self.page_size, self.window,
+                                                 self.stats)
+                if item is not None:
+                    items.append(item)
+                    rows.append(i)
+                continue  # its answer grows, never compacted (segments.py)
+            st.max_suffix = max(st.max_suffix, suffix)
+            self.stats.suffix(suffix)
             if budget.wants_window(st, suffix):
                 if self.window.assign(req.req_pool_idx):
                     st.window_since = req.decode_batch_idx
@@ -153,7 +149,7 @@ class Planner:
         if st.window_since < 0:
             self.stats.windowless()
         budget = self.budget_of(req)
-        if budget is not None and budget.keeps_window:
+        if budget is not None and budget.keeps_window and st.answer_col is None:
             st.window_since = (req.decode_batch_idx if self.window.assign(req.req_pool_idx)
                                else -1)
             return
@@ -180,6 +176,8 @@ class Planner:
             if budget is None or req.req_pool_idx is None:
                 continue
             st = self.state(req)
+            if st.answer_col is not None:  # its answer is never evicted (segments.py)
+                continue
             suffix = req.kv_committed_len - st.c0
             gain = budget.can_yield(st, suffix, req.decode_batch_idx)
             if gain > 0:
@@ -212,10 +210,8 @@ class Planner:
         if not waiting or running is None or not running.reqs or capped:
             return
         head = waiting[0]
-        budget = self.budget_of(head)
-        need = len(head.origin_input_ids) + (budget.admission_reserve() if budget
-                                             else self.stock_reserve(head))
-        reserved = sum(self.admission_view(r) for r in running.reqs if not r.finished())
+        need = self.admission.need(head)
+        reserved = sum(self.admission.view(r) for r in running.reqs if not r.finished())
         short = need + reserved - self._room(running)
         if short > 0:
             self.pressure.ran_short()
@@ -261,6 +257,8 @@ class Planner:
                 self.layout.remap_window(r2t, chunk, k, allocator,
                                          [req_of[it.req_pool_idx] for it in chunk])
                 allocator.free(surplus)
+                for it in chunk:
+                    shift_tail(r2t, it)
                 self.pending.append(plan)
                 self.stats.add("compaction_batches")
         for i in rows:
@@ -286,6 +284,8 @@ class Planner:
         st = req.zipage
         self.decisions.record(self.steps, req.rid, st.c0, k + evicted, k, self.allocator.available_size())
         st.pos_offset += evicted
+        if st.answer_col is not None:  # every evicted column lay before its answer
+            st.answer_col -= evicted
         st.n_stored = k
         st.compactions += 1
         req.kv_committed_len -= evicted

@@ -27,6 +27,10 @@ class ReqState:
     loop_boost: int = 1  # its budget's multiplier, raised by the loop guard (repetition.py)
     loop_guard: int = 0  # times the loop guard raised it
     loop_checked_at: int = 0  # output length at the guard's last check
+    answer_col: Optional[int] = None  # first column of its answer (the think-end marker on):
+    # never evicted; None while it thinks (or has no thinking segment to protect)
+    think_scanned: int = 0  # output tokens searched for the think-end marker
+    answer_done: bool = False  # the thinking segment's last compaction is made (or not needed)
 
     def physical(self, logical: int) -> int:
         """A logical length (positions) as the columns it occupies (I5)."""

@@ -31,6 +31,7 @@ from sglang_zipage.planner import MAX_REQS_PER_LAUNCH, QUERY_SCRATCH_BYTES, Plan
 from sglang_zipage.query_window import QueryWindow
 from sglang_zipage.repetition import LoopGuard
 from sglang_zipage.scoring import ScoringParams
+from sglang_zipage.segments import Segments
 from sglang_zipage.shadows import ShadowCompactions
 
 logger = logging.getLogger("sglang_zipage")
@@ -111,7 +112,8 @@ class ZipageRuntime:
             headroom=max(page, model_runner.max_total_num_tokens // 32 // page * page),
             # scoring gathers a launch's window rows at once: at most QUERY_SCRATCH_BYTES
             launch_cap=max(1, min(MAX_REQS_PER_LAUNCH, QUERY_SCRATCH_BYTES // plan.slot_bytes)),
-            loop_guard=LoopGuard() if cfg.loop_guard else None)
+            loop_guard=LoopGuard() if cfg.loop_guard else None,
+            segments=self._segments(cfg))
         self.executor = Executor(self.params, kv, window, score_buffer, query.scale,
                                  self.planner.pending, self.shadows, self.stats, device)
         t0 = time.perf_counter()
@@ -128,6 +130,17 @@ class ZipageRuntime:
                     cfg.kv_budget, cfg.buffer, cfg.window, page, self.warm_up_s)
         logger.info(plan.log_line())
 
+    def _segments(self, cfg) -> Optional[Segments]:
+        """Thinking and answer (segments.py): on unless --zipage-think-end none, or the pool
+        is a hybrid sliding-window one (said once at startup)."""
+        if cfg.think_end == "none":
+            return None
+        if self.layout.name == "hybrid-swa":
+            logger.warning("zipage: think segments are off on %s's hybrid sliding-window pool "
+                           "(pass --disable-hybrid-swa-memory to protect answers)", self.layout.name)
+            return None
+        return Segments(cfg.answer_budget)
+
     @property
     def ready(self) -> bool:
         return self.window is not None
@@ -142,10 +155,10 @@ class ZipageRuntime:
         return self.planner.budget_of(req)
 
     def running_reserve(self, req) -> Optional[int]:
-        return self.planner.running_reserve(req)
+        return self.planner.admission.running_reserve(req)
 
     def stock_reserve(self, req) -> int:
-        return self.planner.stock_reserve(req)
+        return self.planner.admission.stock_reserve(req)
 
     def shadow_reserve(self) -> int:
         """Tokens admission leaves free for shadows not yet in flight."""
