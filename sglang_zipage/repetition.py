@@ -17,17 +17,12 @@ from typing import Sequence
 
 def repeated_share(tokens: Sequence[int], n: int) -> float:
     """Share of the n-grams of ``tokens`` that occurred earlier in ``tokens`` (0 if none)."""
+    tokens = list(tokens)
     total = len(tokens) - n + 1
     if total <= 0:
         return 0.0
-    seen, repeated = set(), 0
-    for i in range(total):
-        gram = tuple(tokens[i:i + n])
-        if gram in seen:
-            repeated += 1
-        else:
-            seen.add(gram)
-    return repeated / total
+    distinct = len(set(zip(*(tokens[i:] for i in range(n)))))  # the n-grams, built in C
+    return (total - distinct) / total  # all but each n-gram's first occurrence
 
 
 @dataclass(frozen=True)
