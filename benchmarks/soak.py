@@ -238,6 +238,7 @@ def check_final(job: Job, out: dict, facts: dict, text: str, n_ids: int) -> str:
                         f"{meta.get('zipage_pressure_compactions')} of them on demand")
             return ""
         k = facts["kv_budget"] if job.budget is None else job.budget
+        k *= 2 ** (meta.get("zipage_loop_guard") or 0)  # each loop-guard trigger doubled it
         if job.budget != 0 and meta["zipage_kv_len"] > meta["prompt_tokens"] + k + facts["buffer"]:
             return (f"zipage_kv_len {meta['zipage_kv_len']} > prompt {meta['prompt_tokens']} "
                     f"+ budget {k} + buffer {facts['buffer']}")
