@@ -408,7 +408,9 @@ def soak(args, argv=None) -> dict:
     if z_before is not None and z_after is not None:
         res["zipage_delta"] = {k: z_after[k] - z_before[k] for k in
                                ("compactions", "async_compactions", "async_awaited",
-                                "async_fallbacks", "tokens_evicted", "window_slot_misses")
+                                "async_fallbacks", "tokens_evicted", "window_slot_misses",
+                                "pressure_compactions", "squeezed_compactions",
+                                "early_compactions")
                                if k in z_after and k in z_before}
         res["max_suffix_tokens"] = z_after["max_suffix_tokens"]
     return res

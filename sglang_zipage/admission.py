@@ -1,17 +1,20 @@
-"""What SGLang's admission sets aside for a request, under zipage.
+"""What SGLang's admission sets aside for the running requests, under zipage.
 
-A request that compresses may still add, before its footprint stops growing, what is left
-to its budget's limit (budget.Budget.reserve); a new one reserves its prompt plus budget +
-buffer + a page (hooks set SGLang's CLIP_MAX_NEW_TOKENS to that). A request that never
-compresses (zipage_kv_budget 0), or whose answer grows (segments.py), keeps SGLang's own
-estimate: its remaining tokens, clipped at CLIP_MAX_NEW_TOKENS. Duck-types SGLang's Req.
+A new request reserves its prompt plus budget + buffer + a page (hooks set SGLang's
+CLIP_MAX_NEW_TOKENS to that). Once it runs, a compressing request's growth is bounded and
+its end is known at the latest, so the running requests' growth is booked together, at its
+peak (budget.py A1, ``booked``), not as each one's worst case: SGLang's per-request estimate
+is 0 for them (``compresses``). A request that never compresses (zipage_kv_budget 0), or
+whose answer grows (segments.py), keeps SGLang's own estimate: its remaining tokens, clipped
+at SGLang's CLIP_MAX_NEW_TOKENS, times SGLang's new-token ratio. Duck-types SGLang's Req.
 """
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import Optional, Tuple
 
 from sglang_zipage import request_state
+from sglang_zipage.budget import Budget, peak_growth
 
 
 class Admission:
@@ -19,23 +22,39 @@ class Admission:
         self.budget_of = budget_of  # req -> its Budget, or None (planner.Planner.budget_of)
         self.stock_clip = stock_clip  # SGLang's output estimate (CLIP_MAX_NEW_TOKENS)
 
-    def running_reserve(self, req) -> Optional[int]:
-        """Tokens a running request may still add; None when SGLang's estimate applies."""
+    def compresses(self, req) -> Optional[Budget]:
+        """The request's budget when its growth is bounded by it, else None."""
         budget = self.budget_of(req)
         st = getattr(req, "zipage", None)
         if budget is None or (st is not None and st.answer_col is not None):
             return None
-        remaining = req.sampling_params.max_new_tokens - len(req.output_ids)
-        return budget.reserve(request_state.suffix_len(req, budget), remaining)
+        return budget
+
+    def growth(self, req, budget: Budget) -> Tuple[int, int, int]:
+        """A1's (g, r, d) of a running compressing request."""
+        remaining = max(0, req.sampling_params.max_new_tokens - len(req.output_ids))
+        suffix = request_state.suffix_len(req, budget)
+        return budget.reserve(suffix, remaining), remaining, min(suffix, budget.limit)
+
+    def booked(self, reqs) -> int:
+        """What the running compressing requests of ``reqs`` will add at their peak (A1)."""
+        growth = []
+        for r in reqs:
+            budget = None if r.finished() else self.compresses(r)
+            if budget is not None:
+                growth.append(self.growth(r, budget))
+        return peak_growth(growth)
 
     def stock_reserve(self, req) -> int:
         """SGLang's own estimate of what a request that never compresses may still add."""
         return min(req.sampling_params.max_new_tokens - len(req.output_ids), self.stock_clip)
 
-    def view(self, req) -> int:
-        """What admission sets aside for a running request (before SGLang's new-token ratio)."""
-        own = self.running_reserve(req)
-        return self.stock_reserve(req) if own is None else own
+    def reserved(self, reqs, ratio: float) -> float:
+        """All that admission sets aside for the running ``reqs``: the compressing ones'
+        peak, SGLang's estimate (times its new-token ratio) for the others."""
+        others = sum(self.stock_reserve(r) for r in reqs
+                     if not r.finished() and self.compresses(r) is None)
+        return self.booked(reqs) + others * ratio
 
     def need(self, req) -> int:
         """What a waiting request needs to be admitted: its prompt and its reserve."""

@@ -23,6 +23,21 @@ Query-window slots (query_window.py; as many as memory.py fits):
   W2  a request that reaches its trigger without a slot is compacted without a window (its
       most recent tokens kept): a missing slot never lets a suffix outgrow its limit
 
+Admission books what the running requests will hold, not each one's worst case:
+  A1  a compressing request i may still add g_i = min(remaining_i, limit_i - suffix_i)
+      tokens; it ends within r_i = remaining_i decode steps and then gives back at least
+      d_i = min(suffix_i, limit_i). t steps from now the running requests hold
+      F(t) = sum_{r_i > t} min(t, g_i) - sum_{r_i <= t} d_i more than now, and admission
+      sets aside peak(F) = max_t F(t) >= 0 (``peak_growth``) rather than sum g_i. Exact
+      where outputs run to max_new_tokens; where they stop earlier, the peak only overstates.
+  A2  when a step or a waiting request finds the pool short, running requests give tokens
+      back before SGLang retracts any (``Budget.give_back``): first those past their limit,
+      then those over their budget, down to their budget; then, with a budget range
+      (--zipage-min-kv-budget), the largest are squeezed down to their floor. A request is
+      retracted only when every running request sits at its floor.
+  A3  a squeezed request's budget is its floor (so its limit, reserve and growth shrink)
+      until the pool leaves pressure; floor >= W + sink, page aligned, <= its budget.
+
 Elastic mode has two states (``Pressure``): *room*, where requests keep their full KV, and
 *pressure*, entered when the pool ran short, where every request compresses at its limit as in
 fixed mode. It leaves pressure only once nothing waits and the free pool could take what every
@@ -32,9 +47,10 @@ growing and compacting (growing past the limits would fill it and read more KV e
 
 from __future__ import annotations
 
+import bisect
 import dataclasses
 from dataclasses import dataclass
-from typing import Dict, Optional
+from typing import Dict, Iterable, Optional, Tuple
 
 from sglang_zipage.config import ZipageConfig, async_lag
 from sglang_zipage.request_state import ReqState
@@ -119,6 +135,19 @@ class Budget:
             return 0
         return suffix - self.kv_budget
 
+    def give_back(self, suffix: int) -> Optional[int]:
+        """A2: the kept count of a compaction that gives tokens back now (the budget, for a
+        suffix at least a page over it: past the limit first, as those give the most), or
+        None when it sits at its budget."""
+        return self.kv_budget if suffix - self.kv_budget >= self.page_size else None
+
+    def squeeze_to(self, suffix: int, floor: int) -> Optional[int]:
+        """A2/A3: the kept count of a squeeze down to ``floor`` (below the budget), or None
+        when the request sits at its floor."""
+        if floor < self.kv_budget and suffix - floor >= self.page_size:
+            return floor
+        return None
+
     def reserve(self, suffix: int, remaining_new_tokens: int) -> int:
         """Tokens a running request may still add before its footprint stops growing."""
         return max(0, min(remaining_new_tokens, self.limit - suffix))
@@ -130,21 +159,31 @@ class Budget:
 
 class Budgets:
     """The server's budget and the per-request ones (``zipage_kv_budget``), one Budget per
-    kept count. A request's own budget below the model's sliding window is raised to it (page
-    aligned): the sliding-window layers need that many tokens kept."""
+    kept count. A request's own budget (or floor) below the model's sliding window is raised
+    to it (page aligned): the sliding-window layers need that many tokens kept."""
 
-    def __init__(self, server: Budget, min_kv_budget: int = 1):
+    def __init__(self, server: Budget, least_kv_budget: int = 1, min_kv_budget: int = 0):
         self.server = server
         page = server.page_size
-        self.floor = -(-min_kv_budget // page) * page
+        self.least = -(-least_kv_budget // page) * page
+        self.min_kv_budget = min_kv_budget or server.kv_budget  # the server's floor (A3)
         self._own: Dict[int, Budget] = {}
 
-    def of(self, own: Optional[int], boost: int = 1) -> Optional[Budget]:
+    def floor(self, own: Optional[int], own_min: Optional[int] = None) -> int:
+        """A3: the kept count a request may be squeezed to: its zipage_min_kv_budget or the
+        server's floor, never above its own budget."""
+        budget = self.server.kv_budget if own is None else max(own, self.least)
+        return min(budget, max(self.least, own_min or self.min_kv_budget))
+
+    def of(self, own: Optional[int], boost: int = 1,
+           squeezed_to: Optional[int] = None) -> Optional[Budget]:
         """own: the request's zipage_kv_budget, or None (the server's); 0: no compression.
-        boost: the loop guard's multiplier (repetition.py)."""
+        boost: the loop guard's multiplier (repetition.py); squeezed_to: its floor while it
+        is squeezed (A3)."""
         if own == 0:
             return None
-        kv = (self.server.kv_budget if own is None else max(own, self.floor)) * boost
+        kv = self.server.kv_budget if own is None else max(own, self.least)
+        kv = (kv if squeezed_to is None else squeezed_to) * boost
         if kv == self.server.kv_budget:
             return self.server
         if kv not in self._own:
@@ -171,6 +210,28 @@ class Pressure:
         if self.on and waiting == 0 and room >= demand:
             self.on = False
         return self.on
+
+
+def peak_growth(requests: Iterable[Tuple[int, int, int]]) -> int:
+    """A1: max over t >= 0 of F(t), for requests given as (g, r, d). F rises between two
+    ends and drops at each, so its peak lies at t = 0 or just before an end (t = r_j - 1);
+    for r_i <= t, min(t, g_i) = g_i, so F(t) = sum_i min(t, g_i) - sum_{r_i <= t} (g_i + d_i).
+    O(n log n) over plain ints."""
+    reqs = sorted((r, min(g, r), d) for g, r, d in requests)
+    grows = sorted(g for _, g, _ in reqs)
+    below = [0]  # below[k]: the sum of the k smallest growths
+    for g in grows:
+        below.append(below[-1] + g)
+    peak, ended, j = 0, 0, 0
+    while j < len(reqs):
+        end = reqs[j][0]
+        t = end - 1
+        k = bisect.bisect_right(grows, t)
+        peak = max(peak, below[k] + t * (len(grows) - k) - ended)
+        while j < len(reqs) and reqs[j][0] == end:
+            ended += reqs[j][1] + reqs[j][2]
+            j += 1
+    return peak
 
 
 def check_i2(c0: int, k: int, page: int) -> None:

@@ -41,6 +41,12 @@ class ZipageConfig:
     kv_budget: int = field(default=2048, metadata=_flag(
         "Decode-phase KV tokens each request keeps per KV head after a compaction (paper: N*b). "
         "Must be a multiple of --page-size and at least --zipage-window + --zipage-sink."))
+    min_kv_budget: int = field(default=0, metadata=_flag(
+        "Elastic mode's budget range: while the pool is under pressure and requests wait (or a "
+        "decode step is short of pages), the largest running requests are squeezed from "
+        "--zipage-kv-budget down to this many kept tokens, so the waiting ones are admitted "
+        "rather than queue; their budget returns once the pressure ends. 0: the budget itself "
+        "(no squeeze). Per request: zipage_min_kv_budget."))
     buffer: int = field(default=256, metadata=_flag(
         "Decode tokens written between two compactions (paper: the working block b). "
         "In fixed mode a request's decode KV never exceeds kv_budget + buffer. Multiple of "
@@ -124,6 +130,11 @@ class ZipageConfig:
         problem = self.budget_problem(self.kv_budget, page_size or 1)
         if problem:
             bad("kv_budget", problem)
+        if self.min_kv_budget:
+            problem = (self.budget_problem(self.min_kv_budget, page_size or 1)
+                       or self.min_problem(self.min_kv_budget, self.kv_budget))
+            if problem:
+                bad("min_kv_budget", problem)
         if self.buffer < self.window:
             bad("buffer", f"must be >= --zipage-window ({self.window}) so the query window "
                 f"is filled between compactions, got {self.buffer}")
@@ -150,6 +161,14 @@ class ZipageConfig:
                     f"got {kv_budget}")
         if kv_budget % page_size:
             return _not_page_aligned(kv_budget, page_size)
+        return None
+
+    def min_problem(self, min_kv_budget: int, kv_budget: int):
+        """Why a floor cannot go with this budget (A3), or None."""
+        if min_kv_budget > kv_budget:
+            return f"must be at most the budget ({kv_budget}), got {min_kv_budget}"
+        if min_kv_budget < kv_budget and self.mode != "elastic":
+            return "a budget range squeezes under pressure: it needs --zipage-mode elastic"
         return None
 
     # ---------------------------------------------------------- transport

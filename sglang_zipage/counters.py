@@ -24,11 +24,15 @@ class Counters:
                            # compactions without a window slot (memory.py: most recent kept)
                            windowless_compactions=0,
                            loop_guard_triggers=0,  # budgets the loop guard raised
+                           # elastic mode, the pool short: squeezes to a floor, compactions
+                           # before the limit (instead of a retraction)
+                           squeezed_compactions=0, early_compactions=0,
                            # think segments: answers begun, thinking segments compacted then
                            answers_started=0, answer_compactions=0,
                            # one per request per decode step; of those, the steps of requests
                            # compacted before the step was planned (tokens from compressed KV)
-                           decode_tokens=0, compressed_decode_tokens=0)
+                           decode_tokens=0, compressed_decode_tokens=0,
+                           most_running_requests=0)  # the largest decode batch
         self.metrics = None  # ZipageMetrics, once export_metrics() was called
         self._spans = []  # (start, end) CUDA events of compactions not yet summed
 
@@ -52,6 +56,7 @@ class Counters:
     def step(self, decoded: int, compressed: int) -> None:
         """One decode step of ``decoded`` requests, ``compressed`` of them compacted before."""
         self.values["decode_tokens"] += decoded
+        self.values["most_running_requests"] = max(self.values["most_running_requests"], decoded)
         self.values["compressed_decode_tokens"] += compressed
         if self.metrics is not None:
             self.metrics.on_step(decoded, compressed)
@@ -81,6 +86,12 @@ class Counters:
         self.values["loop_guard_triggers"] += 1
         if self.metrics is not None:
             self.metrics.loop_guard_triggers.inc()
+
+    def squeezed(self, n: int) -> None:
+        """n requests squeezed to their floor (budget A3)."""
+        self.values["squeezed_compactions"] += n
+        if self.metrics is not None and n:
+            self.metrics.squeezed_compactions.inc(n)
 
     def launch_time(self, seconds: float) -> None:
         """Host time spent launching compactions."""

@@ -61,9 +61,11 @@ def _hook_table():
         ("managers.schedule_batch.ScheduleBatch._get_decode_retraction_order", T.AROUND,
          sh.retract_compressed_last, "retract uncompressed requests first (L2777)"),
         ("managers.schedule_policy.PrefillAdder._get_running_request_total_token_offset",
-         T.AROUND, sh.running_reserve, "running requests reserve up to the budget only (L559)"),
-        ("managers.schedule_policy.PrefillAdder.__init__", T.AFTER, sh.reserve_shadow_slots,
-         "admission leaves room for asynchronous compactions' fresh slots (L445)"),
+         T.AROUND, sh.running_reserve,
+         "a compressing request's growth is booked with the others' (next row), not alone (L559)"),
+        ("managers.schedule_policy.PrefillAdder.__init__", T.AFTER, sh.book_running_growth,
+         "admission books the running requests' growth at its peak, and the fresh slots of "
+         "asynchronous compactions (L445)"),
         ("managers.scheduler_components.invariant_checker.SchedulerInvariantChecker."
          "_get_total_uncached_sizes", T.AFTER, sh.count_shadow_slots,
          "the strict memory checker counts in-flight compactions' fresh slots as held (L224)"),

@@ -31,6 +31,10 @@ class ZipageMetrics:
         self.loop_guard_triggers = Counter(
             "zipage:loop_guard_triggers",
             "Budgets the loop guard raised (a compacted request repeating itself).")
+        self.squeezed_compactions = Counter(
+            "zipage:squeezed_compactions",
+            "Elastic mode: running requests squeezed to their floor (--zipage-min-kv-budget) "
+            "so waiting ones are admitted or a step gets its pages.")
         self.compressed_running = Gauge(
             "zipage:num_running_compressed_reqs", "Running requests that went through a compaction.",
             multiprocess_mode="mostrecent")

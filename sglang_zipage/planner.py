@@ -7,9 +7,9 @@ Each decode step (``step``, before SGLang's decode memory check, so the freed pa
     (shadows.py), committed at the limit;
   - a compacted request that repeats itself gets a larger budget (the loop guard); one whose
     answer started compresses its thinking segment once more, never its answer (segments.py);
-  - elastic mode: when the step would run short of pages, over-budget requests are compacted
-    down to their budgets, largest first (``make_room``), as they are before admission when
-    the first waiting request does not fit beside what running requests reserve (``admit``).
+  - elastic mode: when the step would run short of pages, running requests give tokens back
+    (room.py), as they do before admission when the first waiting request does not fit;
+    a squeezed request keeps its floor as its budget until the pressure ends (budget A3).
 Plans are queued for the executor (executor.py), which runs them before the next forward.
 Every tensor-parallel rank takes the same decisions (decisions.py). Duck-types SGLang's
 ScheduleBatch and Req; never imports sglang.
@@ -26,6 +26,7 @@ from sglang_zipage.budget import Budget, Budgets, Pressure
 from sglang_zipage.compaction import (CompactionItem, CompactionPlan, plan_compaction,
                                      shift_tail)
 from sglang_zipage.repetition import LoopGuard
+from sglang_zipage.room import Room
 from sglang_zipage.segments import Segments
 
 MAX_REQS_PER_LAUNCH = 32  # bounds the scoring scratch ([L, R, Hkv, S] fp32) ...
@@ -47,6 +48,7 @@ class Planner:
         self.decisions = decisions
         self.evict = evict  # evict(batch, n): make n slots free from the radix tree (hooks)
         self.admission = Admission(self.budget_of, stock_clip)
+        self.room = Room(self)  # elastic mode: tokens given back on demand
         self.headroom = headroom  # elastic mode: compact this much more than the shortfall
         self.launch_cap = launch_cap
         self.loop_guard = loop_guard  # repetition.py, or None (--zipage-no-loop-guard)
@@ -61,9 +63,11 @@ class Planner:
     # ------------------------------------------------------ per request
     def budget_of(self, req) -> Optional[Budget]:
         """The request's budget: its own zipage_kv_budget, the server's, or None (off),
-        times what the loop guard gave it."""
+        or its floor while it is squeezed (budget A3), times what the loop guard gave it."""
         st = getattr(req, "zipage", None)
-        return self.budgets.of(request_options.of(req), st.loop_boost if st is not None else 1)
+        if st is None:
+            return self.budgets.of(request_options.of(req))
+        return self.budgets.of(request_options.of(req), st.loop_boost, st.squeezed_to)
 
     def state(self, req):
         return request_state.state_of(req, self.budgets.server)
@@ -76,8 +80,11 @@ class Planner:
         items, rows, compressed, commits, shadows = [], [], 0, [], []
         room = self.shadows.reserve()
         pressed = elastic and self.pressure.on and self.pressure.settle(
-            self._room(batch), self._demand(batch), self.waiting)
+            self.room.free(batch), self.room.demand(batch), self.waiting)
         for i, req in enumerate(batch.reqs):
+            st = getattr(req, "zipage", None)
+            if st is not None and st.squeezed_to is not None and not pressed:
+                st.squeezed_to = None  # the pressure ended: its budget returns (A3)
             budget = self.budget_of(req) if not req.finished() else None
             if budget is None or req.req_pool_idx is None:
                 continue
@@ -107,7 +114,7 @@ class Planner:
                 else:
                     self.stats.add("window_slot_misses")
             if budget.needs_compaction(st, suffix, req.decode_batch_idx, pressed):
-                item = self._item(req, st, suffix, budget)
+                item = self.item(req, st, suffix, budget.kv_budget)
                 if budget.lag and suffix < budget.limit:
                     if room >= item.kv_budget:  # else it retries at its next step
                         shadows.append((req, item))
@@ -124,22 +131,26 @@ class Planner:
         if items:
             updates += self._plan(batch, items, rows)
             if pressed:  # compressing at the limit is what pressure means in elastic mode
-                self._count_pressure(batch, rows)
+                self.room.count(batch, rows)
         if updates:
             set_lengths(batch, updates)
         if elastic:  # this step writes up to one page per request
-            short = len(batch.reqs) * self.page_size - self._room(batch)
+            short = len(batch.reqs) * self.page_size - self.room.free(batch)
             if short > 0:
                 self.pressure.ran_short()
-                self.make_room(batch, short + self.headroom)
+                self.room.make(batch, short, self.headroom)
 
-    def _item(self, req, st, suffix: int, budget: Budget) -> CompactionItem:
-        """A compaction of the request's suffix down to its budget: scored with its window,
+    def item(self, req, st, suffix: int, kept: int) -> CompactionItem:
+        """A compaction of the request's suffix down to ``kept``: scored with its window,
         or windowless when it holds no slot (budget W2)."""
         slot = self.window.slot_of(req.req_pool_idx) if st.window_since >= 0 else 0
         return CompactionItem(req.req_pool_idx, st.c0, suffix, st.n_stored,
                               st.n_stored == 0,  # first since (re)prefill
-                              slot, budget.kv_budget)
+                              slot, kept)
+
+    def admit(self, waiting, running, max_running: int, ratio: float) -> None:
+        """Elastic mode, before SGLang's admission (room.py)."""
+        self.room.admit(waiting, running, max_running, ratio)
 
     def _window_done(self, req) -> None:
         """Its compaction is planned (it read the window at plan time): the slot goes back for
@@ -155,67 +166,6 @@ class Planner:
             return
         self.window.release(req.req_pool_idx)
         st.window_since = -1
-
-    # ------------------------------------------------- elastic: room on demand
-    def _room(self, batch) -> int:
-        return self.allocator.available_size() + batch.tree_cache.evictable_size()
-
-    @staticmethod
-    def _demand(batch) -> int:
-        """Tokens the running requests may still write at full KV."""
-        return sum(max(0, r.sampling_params.max_new_tokens - len(r.output_ids))
-                   for r in batch.reqs if not r.finished())
-
-    def make_room(self, batch, tokens: int) -> int:
-        """Elastic mode: compact over-budget requests of ``batch`` down to their budgets,
-        largest yield first, until ``tokens`` slots are freed or none can yield. Returns
-        the slots freed."""
-        offers = []
-        for i, req in enumerate(batch.reqs):
-            budget = self.budget_of(req) if not req.finished() else None
-            if budget is None or req.req_pool_idx is None:
-                continue
-            st = self.state(req)
-            if st.answer_col is not None:  # its answer is never evicted (segments.py)
-                continue
-            suffix = req.kv_committed_len - st.c0
-            gain = budget.can_yield(st, suffix, req.decode_batch_idx)
-            if gain > 0:
-                offers.append((gain, i, self._item(req, st, suffix, budget)))
-        offers.sort(key=lambda o: -o[0])
-        freed, items, rows = 0, [], []
-        for gain, i, item in offers:
-            if freed >= tokens:
-                break
-            freed += gain
-            items.append(item)
-            rows.append(i)
-        if items:
-            self._count_pressure(batch, rows)
-            set_lengths(batch, self._plan(batch, items, rows))
-        return freed
-
-    def _count_pressure(self, batch, rows) -> None:
-        """Elastic mode: these compactions were the pool's pressure (meta_info, counters)."""
-        for i in rows:
-            batch.reqs[i].zipage.pressure_compactions += 1
-        self.stats.pressure(len(rows))
-
-    def admit(self, waiting, running, max_running: int) -> None:
-        """Elastic mode, before admission: if the first waiting request does not fit
-        beside what running requests reserve, running requests yield the difference (not
-        when the running-request cap, not memory, is what keeps it waiting)."""
-        capped = running is not None and len(running.reqs) >= max_running
-        self.waiting = 0 if capped else len(waiting)
-        if not waiting or running is None or not running.reqs or capped:
-            return
-        head = waiting[0]
-        need = self.admission.need(head)
-        reserved = sum(self.admission.view(r) for r in running.reqs if not r.finished())
-        short = need + reserved - self._room(running)
-        if short > 0:
-            self.pressure.ran_short()
-            self.make_room(running, short + self.headroom)
 
     # ------------------------------------------------------------ planning
     def _plan_shadows(self, batch, shadows) -> None:
@@ -244,6 +194,10 @@ class Planner:
                                                   suffix, self.allocator)
         self.stats.add("async_awaited", awaited)
         return self._compacted(req, i, k, evicted)
+
+    def apply(self, batch, items, rows) -> None:
+        """Plan these compactions of ``batch``'s rows now and set the batch's lengths."""
+        set_lengths(batch, self._plan(batch, items, rows))
 
     def _plan(self, batch, items, rows):
         r2t = batch.req_to_token_pool.req_to_token

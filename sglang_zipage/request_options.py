@@ -2,6 +2,8 @@
 
   zipage_kv_budget      0 turns compression off for the request; a budget replaces
                         --zipage-kv-budget for it
+  zipage_min_kv_budget  the floor it may be squeezed to under pressure (elastic mode),
+                        replacing --zipage-min-kv-budget for it; at most its budget
   zipage_think_end      the text (or token ids) closing its thinking segment: the tokens from
                         it on are never evicted; "" (or []) turns that off for the request
   zipage_answer_budget  once its answer starts, its thinking segment is compacted once more,
@@ -22,7 +24,8 @@ from sglang_zipage.config import ZipageConfig
 FIELD = "zipage_kv_budget"
 THINK_END = "zipage_think_end"
 ANSWER_BUDGET = "zipage_answer_budget"
-FIELDS = (FIELD, THINK_END, ANSWER_BUDGET)
+MIN_BUDGET = "zipage_min_kv_budget"
+FIELDS = (FIELD, THINK_END, ANSWER_BUDGET, MIN_BUDGET)
 
 
 def validate(value, config: ZipageConfig, page_size: int, field: str = FIELD) -> int:
@@ -33,6 +36,17 @@ def validate(value, config: ZipageConfig, page_size: int, field: str = FIELD) ->
         what = "no compression for this request" if field == FIELD else "none"
         raise ValueError(f"{field} must be 0 ({what}) or a budget of this server (page size "
                          f"{page_size}): {problem}")
+    return value
+
+
+def validate_min(value, budget: Optional[int], config: ZipageConfig, page_size: int) -> int:
+    """A request's floor, or ValueError (HTTP 400): a legal budget, at most its budget."""
+    problem = config.budget_problem(value, page_size)
+    if not problem:
+        problem = config.min_problem(value, config.kv_budget if budget is None else budget)
+    if problem:
+        raise ValueError(f"{MIN_BUDGET} must be a budget of this server (page size "
+                         f"{page_size}) no larger than the request's: {problem}")
     return value
 
 
@@ -62,6 +76,9 @@ def move_to_custom_params(sampling_params: dict, config: ZipageConfig, page_size
         sampling_params = dict(sampling_params)
         if FIELD in sampling_params:
             options[FIELD] = validate(sampling_params.pop(FIELD), config, page_size)
+        if MIN_BUDGET in sampling_params:
+            options[MIN_BUDGET] = validate_min(sampling_params.pop(MIN_BUDGET),
+                                               options.get(FIELD) or None, config, page_size)
         if ANSWER_BUDGET in sampling_params:
             options[ANSWER_BUDGET] = validate(sampling_params.pop(ANSWER_BUDGET), config,
                                               page_size, ANSWER_BUDGET)
@@ -83,6 +100,11 @@ def _custom(req) -> dict:
 def of(req) -> Optional[int]:
     """The request's own budget (scheduler side), or None for the server default."""
     return _custom(req).get(FIELD)
+
+
+def min_of(req) -> Optional[int]:
+    """The request's own floor (zipage_min_kv_budget), or None for the server's."""
+    return _custom(req).get(MIN_BUDGET)
 
 
 def think_end_of(req) -> Optional[List[int]]:

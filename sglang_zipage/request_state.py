@@ -30,6 +30,7 @@ class ReqState:
     answer_col: Optional[int] = None  # first column of its answer (the think-end marker on):
     # never evicted; None while it thinks (or has no thinking segment to protect)
     think_scanned: int = 0  # output tokens searched for the think-end marker
+    squeezed_to: Optional[int] = None  # its floor, its budget while squeezed (budget A3)
     answer_done: bool = False  # the thinking segment's last compaction is made (or not needed)
 
     def physical(self, logical: int) -> int:

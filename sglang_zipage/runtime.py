@@ -76,7 +76,8 @@ class ZipageRuntime:
         cfg = self.config.validate(page_size=page)
         self.layout = kv_layout.detect(model_runner, cfg.kv_budget,
                                        async_compaction=cfg.async_compaction)
-        budgets = Budgets(Budget.from_config(cfg, page), self.layout.min_kv_budget)
+        budgets = Budgets(Budget.from_config(cfg, page), self.layout.least_kv_budget,
+                          cfg.min_kv_budget)
         kv = self.layout.kv
         keys = kv.keys[0]
         device = self.device = keys.device
@@ -155,14 +156,18 @@ class ZipageRuntime:
         return self.planner.budget_of(req)
 
     def running_reserve(self, req) -> Optional[int]:
-        return self.planner.admission.running_reserve(req)
+        """SGLang's per-request estimate: 0 for a compressing request (its growth is in
+        ``admission_reserve``), None where SGLang's own estimate applies."""
+        return None if self.planner.admission.compresses(req) is None else 0
 
     def stock_reserve(self, req) -> int:
         return self.planner.admission.stock_reserve(req)
 
-    def shadow_reserve(self) -> int:
-        """Tokens admission leaves free for shadows not yet in flight."""
-        return self.shadows.reserve()
+    def admission_reserve(self, running_reqs) -> int:
+        """Tokens admission sets aside beside SGLang's per-request estimates: the running
+        compressing requests' growth at its peak (budget A1) and, with --zipage-async, the
+        fresh slots of compactions not yet in flight."""
+        return self.planner.admission.booked(running_reqs) + self.shadows.reserve()
 
     def on_release(self, req) -> None:
         """The request gives back its req_pool_idx (finish, abort or retraction)."""
@@ -189,8 +194,8 @@ class ZipageRuntime:
         """Plan compactions (planner.py); runs before SGLang's decode memory check."""
         self.planner.step(batch)
 
-    def admit_pressure(self, waiting, running, max_running: int) -> None:
-        self.planner.admit(waiting, running, max_running)
+    def admit_pressure(self, waiting, running, max_running: int, ratio: float) -> None:
+        self.planner.admit(waiting, running, max_running, ratio)
 
     def flush(self) -> None:
         """Before a forward, on its stream (executor.py)."""
@@ -238,6 +243,9 @@ class ZipageRuntime:
                 "memory_bytes": self.memory_bytes, "warm_up_s": self.warm_up_s,
                 "memory": self.memory_plan.describe() if self.memory_plan else None,
                 "running_compressed_requests": compressed,
+                "running_squeezed_requests": sum(
+                    1 for r in running_reqs if getattr(r, "zipage", None) is not None
+                    and r.zipage.squeezed_to is not None),
                 "free_window_slots": self.window.free_slots if self.window else None,
                 "window_slots": self.window.num_slots if self.window else None,
                 "shadow_tokens_held": self.shadows.held, **self.stats.snapshot(),

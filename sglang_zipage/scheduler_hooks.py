@@ -90,7 +90,8 @@ def compress_before_mem_check(batch, selected_indices=None):
 def room_for_waiting(scheduler, running_batch, *args, **kwargs):
     if RUNTIME.ready and RUNTIME.budget.elastic:
         RUNTIME.admit_pressure(scheduler.waiting_queue, running_batch,
-                               scheduler.max_running_requests)
+                               scheduler.max_running_requests,
+                               scheduler.new_token_ratio_tracker.current)
 
 
 def retract_compressed_last(original, reqs, server_args):
@@ -107,8 +108,9 @@ def running_reserve(original, adder, req):
     return reserve
 
 
-def reserve_shadow_slots(result, adder, *args, **kwargs):
-    adder.rem_total_token_offset += RUNTIME.shadow_reserve()
+def book_running_growth(result, adder, *args, **kwargs):
+    running = adder.running_batch.reqs if adder.running_batch is not None else []
+    adder.rem_total_token_offset += RUNTIME.admission_reserve(running)
 
 
 def count_shadow_slots(result, checker, *args, **kwargs):

@@ -62,11 +62,11 @@ def detect(model_runner, kv_budget: int, async_compaction: bool = False) -> KVLa
         raise ZipageUnsupported(f"sglang-zipage cannot compress {arch}: its KV pool {cls} is "
                                 f"not a layout it knows (MHA, MLA, hybrid SWA); {DISABLE_HINT}")
     layout.num_layers = max(attns) + 1
-    if kv_budget < layout.min_kv_budget:
+    if kv_budget < layout.least_kv_budget:
         raise ZipageUnsupported(
             f"--zipage-kv-budget {kv_budget} is below {arch}'s sliding window "
             f"({layout.sliding_window} tokens): its sliding-window layers need that many "
-            f"tokens kept; use --zipage-kv-budget {layout.min_kv_budget} or more")
+            f"tokens kept; use --zipage-kv-budget {layout.least_kv_budget} or more")
     return layout
 
 

@@ -73,7 +73,7 @@ class KVLayout:
     scored_layers: Tuple[int, ...]  # global layer ids scored; ring row i = scored_layers[i]
     query: QueryShape
     kv: LayerKV
-    min_kv_budget: int = 1  # a sliding window needs at least this many kept tokens
+    least_kv_budget: int = 1  # a sliding window needs at least this many kept tokens
     sliding_window: int = 0
     num_layers: int = 0  # attention layers of the model (highest layer id + 1)
 

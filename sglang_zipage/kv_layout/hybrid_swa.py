@@ -29,7 +29,7 @@ class HybridSWALayout(KVLayout):
         scored = [attns[l][0] for l in full]
         self.query = uniform_query(scored, "full-attention")
         self.sliding_window = max([window_of(attns[l][0]) for l in swa] or [0])
-        self.min_kv_budget = max(1, self.sliding_window)
+        self.least_kv_budget = max(1, self.sliding_window)
         fpool = pool.full_kv_pool
         key_dtype, scales = key_format(fpool, scored)
         rows = [pool.layers_mapping[l][0] for l in full]

@@ -26,7 +26,7 @@ class MHALayout(KVLayout):
         scored = [one[l] for l in self.scored_layers]
         self.query = uniform_query(scored, "full-attention")
         self.sliding_window = max(windows.values())
-        self.min_kv_budget = self.sliding_window or 1
+        self.least_kv_budget = self.sliding_window or 1
         key_dtype, scales = key_format(pool, scored)
         idx = lambda l: l - getattr(pool, "start_layer", 0)
         self.kv = LayerKV(

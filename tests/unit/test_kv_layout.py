@@ -55,7 +55,7 @@ def test_mha_layout_scores_full_layers_and_keeps_recency_in_sliding_ones():
     assert layout.name == "mha+sliding-window" and layout.scored_layers == (1, 3)
     assert layout.ring_rows() == [-1, 0, -1, 1]
     assert layout.kv.keys[0] is pool.k_buffer[1] and layout.kv.recent_keys[1] is pool.k_buffer[2]
-    assert layout.min_kv_budget == 31
+    assert layout.least_kv_budget == 31
     with pytest.raises(kv_layout.ZipageUnsupported, match="sliding window"):
         kv_layout.detect(runner(pool, [attn(0, 31), attn(1), attn(2, 31), attn(3)]), 16)
     q = torch.randn(1, 3, HQ, D)  # Gemma 3 passes [1, tokens, Hq, D]

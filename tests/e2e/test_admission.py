@@ -1,0 +1,101 @@
+"""Admission under load (issue 30) on the 2-layer dummy Qwen3, elastic mode (the default),
+budget 64 + buffer 16, a 640-token pool, SGLang's strict memory checker after every step.
+
+Booking the running requests' growth at its peak (budget.py A1) admits more than each
+request's worst case; a budget range (--zipage-min-kv-budget 32 here) squeezes the largest
+running requests when others wait (A2, A3); neither retracts anything, and the soak (client
+aborts, per-request budgets) leaves nothing behind.
+Run: .venv/bin/python -m pytest tests/e2e/test_admission.py
+"""
+
+import json
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+from sglang_zipage.harness.engines import tiny_model_dir
+from sglang_zipage.harness.server import STRICT_MEM_ENV, Server
+from zipage_server import POOL_TOKENS, REPO, SMALL_BUDGET, assert_healthy
+
+PROMPT, LIMIT, FLOOR = 16, 64 + 16, 32
+WORST_CASE_RUNNING = 6  # 640 // (prompt + limit + a page + the allocator's page)
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    model = tiny_model_dir()
+    srv = Server(["--model-path", model, "--load-format", "dummy", "--skip-tokenizer-init",
+                  "--max-total-tokens", POOL_TOKENS, *SMALL_BUDGET,
+                  "--zipage-min-kv-budget", str(FLOOR)],
+                 tmp_path_factory.mktemp("admission") / "server.log", env=STRICT_MEM_ENV)
+    yield srv
+    srv.stop()
+    shutil.rmtree(model, ignore_errors=True)
+
+
+def _prompts(n, first):
+    return [list(range(first + 20 * i, first + 20 * i + PROMPT)) for i in range(n)]
+
+
+def test_booking_the_peak_runs_more_requests_than_their_worst_cases_fit(server):
+    """Twelve requests (160 to 270 tokens) arrive at once. Reserving for each what it may
+    still add (prompt + budget + buffer for a new one), six run at a time; booked at their
+    peak, the running ones that end soon pay for the young ones' growth, so more run (ten in
+    an int simulation of both rules), none is retracted. Their floor is their budget: this
+    is booking alone, no squeeze."""
+    before = server.zipage_state()
+    lens = [160 + 10 * i for i in range(12)]
+    outs = server.generate_ids(_prompts(12, 1000), [
+        {"max_new_tokens": n, "temperature": 0, "ignore_eos": True, "zipage_min_kv_budget": 64}
+        for n in lens])
+    metas = [o["meta_info"] for o in outs]
+    assert [m["completion_tokens"] for m in metas] == lens
+    assert sum(m["num_retractions"] for m in metas) == 0, metas
+    after = server.zipage_state()
+    assert after["most_running_requests"] >= WORST_CASE_RUNNING + 2, after
+    assert after["squeezed_compactions"] == before["squeezed_compactions"]
+    assert "KV cache pool is full" not in server.log()
+    assert_healthy(server)
+
+
+def test_waiting_requests_squeeze_the_largest_running_ones_then_budgets_return(server):
+    server.idle_and_flushed()
+    before = server.zipage_state()
+    crowd = server.generate_ids(_prompts(8, 3000), [
+        {"max_new_tokens": 300, "temperature": 0, "ignore_eos": True}] * 8)
+    metas = [m["meta_info"] for m in crowd]
+    assert all(m["completion_tokens"] == 300 for m in metas)
+    assert sum(m["num_retractions"] for m in metas) == 0, metas
+    after = server.zipage_state()
+    assert after["squeezed_compactions"] > before["squeezed_compactions"], after
+    # the pressure ends once nothing waits: nobody stays squeezed, a lone request keeps
+    # its full KV again
+    (alone,) = server.generate_ids(_prompts(1, 5000), [
+        {"max_new_tokens": 200, "temperature": 0, "ignore_eos": True}])
+    assert alone["meta_info"]["zipage_compactions"] == 0
+    state = server.zipage_state()
+    assert state["running_squeezed_requests"] == 0 and state["elastic_pressure"] is False
+    assert "KV cache pool is full" not in server.log()
+    assert_healthy(server)
+
+
+def test_soak_under_booking_and_squeeze_leaves_nothing_behind(server, tmp_path):
+    out = tmp_path / "soak.json"
+    run = subprocess.run([sys.executable, str(REPO / "benchmarks" / "soak.py"), "--url", server.url,
+                          "--input-ids", "--num-requests", "60", "--concurrency", "10",
+                          "--seed", "3", "--out", str(out)], capture_output=True, text=True,
+                         timeout=1800)
+    assert out.exists(), run.stderr[-3000:]
+    res = json.loads(out.read_text())
+    print({k: res[k] for k in ("requests", "aborted", "completed", "errors", "leaked_slots",
+                               "zipage_delta")})
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert res["errors"] == 0, res["error_samples"]  # completed ones have their max_new_tokens
+    assert res["aborted"] > 0 and res["aborted"] + res["completed"] == 60
+    assert res["zipage_delta"]["pressure_compactions"] > 0
+    assert res["retractions_of_completed"] == 0
+    assert res["leaked_slots"] == 0 and res["idle_after"]["idle"]
+    assert res["healthy"]
+    assert_healthy(server)
