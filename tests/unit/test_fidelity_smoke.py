@@ -92,6 +92,14 @@ def test_hf_reference_matches_transformers_and_engine_schedule():
     assert comp["compactions_before"][37] == 1 and comp["compactions_before"][53] == 2
     assert comp["logprob"][0][:37] == pytest.approx(out["logprob"][0][:37], abs=1e-5)
     assert compactions_before(36, ev) == 0 and compactions_before(37, ev) == 1
+    # squeezed to 10 before step 45 (27 tokens held), then its limit is 10 + 16
+    squeezed = Eviction(budget=20, buffer=16, window=8, redundancy="full", squeeze_to=10,
+                        squeeze_at=45)
+    sq = ref.teacher_forced(ids[:, :p], ids[:, p:], squeezed)
+    counts = sq["compactions_before"]
+    assert counts[44] == 1 and counts[45] == 2 and counts[60] == 2 and counts[61] == 3
+    assert sq["logprob"][0][:45] == pytest.approx(comp["logprob"][0][:45], abs=1e-6)
+    assert sq["logprob"][0][45:] != pytest.approx(comp["logprob"][0][45:], abs=1e-6)
 
 
 def test_force_reference_records_raw_logprob_then_forces(tmp_path):

@@ -14,7 +14,10 @@ Schedule, step for step the engine's (sglang_zipage/budget.py, planner.py):
               compacted to `budget` tokens, scored by the last W decode queries; then the
               forward runs on the compacted cache.
 So the first compaction precedes step budget + buffer + 1 and the next ones come every
-`buffer` steps. `compactions_before` returns that count for any step.
+`buffer` steps. With a squeeze (Eviction.squeeze_to, squeeze_at), the request is compacted
+to its floor before step squeeze_at (if it holds more) and keeps the floor as its budget, as
+the engine squeezes a request under overload (budget.py A3). `schedule` gives the count of
+compactions before every step.
 
 Every text of a batch has the same prompt and continuation lengths, so the batch compacts
 at once. Weights are the checkpoint's (bf16 for the bundled model); compute runs in `dtype`
@@ -25,6 +28,7 @@ next to the engine-vs-reference comparison.
 
 from __future__ import annotations
 
+import dataclasses
 from collections import deque
 from typing import Dict, List, Optional
 
@@ -34,11 +38,26 @@ import torch.nn.functional as F
 from sglang_zipage.harness.fidelity.selection import Eviction, rank_scores, select
 
 
+def schedule(steps: int, ev: Optional[Eviction]) -> List[int]:
+    """Compactions that happened before the forward that predicts reference token i, for
+    i < steps (the suffix before step i >= 1 holds i - 1 tokens less those evicted)."""
+    counts, suffix, n = [0], 0, 0
+    budget = ev.budget if ev is not None else 0
+    for step in range(1, steps):
+        if ev is not None:
+            if ev.squeeze_to and step == ev.squeeze_at:
+                budget = ev.squeeze_to
+                if suffix > budget:
+                    suffix, n = budget, n + 1
+            elif suffix >= budget + ev.buffer:
+                suffix, n = budget, n + 1
+        counts.append(n)
+        suffix += 1
+    return counts[:steps]
+
+
 def compactions_before(step: int, ev: Optional[Eviction]) -> int:
-    """Compactions that happened before the forward that predicts reference token `step`."""
-    if ev is None or step < ev.limit + 1:
-        return 0
-    return 1 + (step - ev.limit - 1) // ev.buffer
+    return schedule(step + 1, ev)[step]
 
 
 def _rotate_half(x):
@@ -127,11 +146,15 @@ class HFReference:
             ncs.append(compactions)
 
         record(self._forward(prompts, torch.arange(p, device=self.device), cache), 0)
+        now = ev  # the eviction in force: its budget drops to the floor at a squeeze
         for step in range(1, c):
             suffix = cache[0][0].shape[2] - p
-            if ev is not None and suffix >= ev.limit:
+            squeeze = ev is not None and ev.squeeze_to and step == ev.squeeze_at
+            if squeeze:
+                now = dataclasses.replace(ev, budget=ev.squeeze_to, squeeze_to=0)
+            if now is not None and (suffix > now.budget if squeeze else suffix >= now.limit):
                 assert len(ring[0]) == ev.window
-                self._compact(cache, ring, stored, p, ev, compactions == 0, gen)
+                self._compact(cache, ring, stored, p, now, compactions == 0, gen)
                 compactions += 1
             pos = torch.tensor([p + step - 1], device=self.device)
             logits = self._forward(refs[:, step - 1:step], pos, cache,
@@ -139,6 +162,6 @@ class HFReference:
             record(logits, step)
             if progress is not None and step % 128 == 0:
                 progress(step, c)
-        assert ncs == [compactions_before(i, ev) for i in range(c)]
+        assert ncs == schedule(c, ev)
         return {"logprob": torch.stack(lps, 1).tolist(), "top1": torch.stack(tops, 1).tolist(),
                 "compactions_before": ncs}

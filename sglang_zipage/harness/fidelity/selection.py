@@ -55,9 +55,13 @@ class Eviction:
     sink: int = 0
     policy: str = "score"  # score | random | recent
     seed: int = 0
+    squeeze_to: int = 0  # the budget range's floor (budget.py A3), reached at step ...
+    squeeze_at: int = 0  # ... squeeze_at, as the engine squeezes a request under overload
 
     def __post_init__(self):
         assert self.policy in POLICIES, self.policy
+        assert not self.squeeze_to or (self.window + self.sink <= self.squeeze_to < self.budget
+                                       and self.squeeze_at > self.window), "squeeze"
         assert self.redundancy in ("none", "full", "lightning"), self.redundancy
         assert self.pooling >= 1 and self.pooling % 2 == 1
         assert self.budget >= self.window + self.sink and self.buffer >= self.window

@@ -1,0 +1,117 @@
+#!/usr/bin/env python3
+"""What the budget range's squeeze costs (issue 30): teacher-forced fidelity at a budget B,
+at its floor F, and at B squeezed to F at output step X, as the engine squeezes a running
+request under overload (budget.py A3: compacted to its floor, which stays its budget).
+
+Same texts and method as run_fidelity.py (harness/fidelity: a prompt of --prompt-len tokens,
+the next --cont-len tokens decoded by teacher forcing, NLL ratio and top-1 agreement against
+the full-KV run of the same implementation, block-bootstrap intervals), in the HF reference
+(hf_reference.py, the engine's schedule step for step; the engine's squeeze is a compaction
+with its floor as the kept count, scored as any). Default scoring: window + decay 0.8 +
+pooling 5 (the engine's defaults). Every row is scored over the same steps, those from X on
+(``from_squeeze``), and over the steps after its own first compaction (``own``).
+
+CPU (the bundled SmolLM2, the fidelity CPU preset's texts and lengths; about 15 minutes):
+  .venv/bin/python benchmarks/fidelity/squeeze.py --budget 128 --floor 64 --squeeze-at 256 \\
+      --out benchmarks/results/fidelity-squeeze-cpu.json
+GPU (a realistic budget needs outputs of several thousand tokens; fidelity.json's texts):
+  python benchmarks/fidelity/squeeze.py --device cuda --dtype bfloat16 --cont-len 4096 \\
+      --budget 2048 --floor 1024 --squeeze-at 2560 --buffer 256 --n-texts 12 --out ...
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import time
+
+import torch
+
+from sglang_zipage.harness import record
+from sglang_zipage.harness.fidelity.hf_reference import HFReference
+from sglang_zipage.harness.fidelity.metrics import compare
+from sglang_zipage.harness.fidelity.selection import Eviction
+from sglang_zipage.harness.fidelity.texts import load_items
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    a = p.add_argument
+    a("--n-texts", type=int, default=4)
+    a("--prompt-len", type=int, default=64)
+    a("--cont-len", type=int, default=512)
+    a("--budget", type=int, default=128)
+    a("--floor", type=int, default=64)
+    a("--squeeze-at", type=int, default=None, help="output step of the squeeze (default: half)")
+    a("--buffer", type=int, default=32)
+    a("--window", type=int, default=16)
+    a("--device", default="cpu")
+    a("--dtype", default="float32", choices=["float32", "bfloat16"])
+    a("--model", default=None, help="model folder (default: the bundled SmolLM2)")
+    a("--out", required=True)
+    args = p.parse_args(argv)
+    args.squeeze_at = args.squeeze_at or args.cont_len // 2
+    if not args.budget + args.buffer < args.squeeze_at < args.cont_len:
+        p.error("--squeeze-at must come after the first compaction at the budget and before "
+                "the end of the continuation")
+    return args
+
+
+def from_step(run, start: int):
+    """The run's records scored only from ``start`` on (metrics score compacted steps)."""
+    return {t: {**r, "compactions_before": [n if i >= start else 0
+                                            for i, n in enumerate(r["compactions_before"])]}
+            for t, r in run.items()}
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    from transformers import AutoTokenizer
+
+    from sglang_zipage.model import bundled_model_path
+
+    model = args.model or bundled_model_path()
+    items = load_items(AutoTokenizer.from_pretrained(model), args.n_texts, args.prompt_len,
+                       args.cont_len)
+    ref = HFReference(model, dtype=getattr(torch, args.dtype), device=args.device)
+    base = Eviction(budget=args.budget, buffer=args.buffer, window=args.window)
+    rows = {"full": None, "budget": base,
+            "floor": dataclasses.replace(base, budget=args.floor),
+            "squeezed": dataclasses.replace(base, squeeze_to=args.floor,
+                                            squeeze_at=args.squeeze_at)}
+    prompts = torch.tensor([it.prompt_ids for it in items])
+    refs_t = torch.tensor([it.ref_ids for it in items])
+    refs = {it.id: it.ref_ids for it in items}
+    runs, seconds = {}, {}
+    for name, ev in rows.items():
+        t0 = time.time()
+        out = ref.teacher_forced(prompts, refs_t, ev)
+        seconds[name] = round(time.time() - t0, 1)
+        runs[name] = {it.id: {"logprob": out["logprob"][i], "top1": out["top1"][i],
+                              "compactions_before": out["compactions_before"]}
+                      for i, it in enumerate(items)}
+        print(f"{name}: {seconds[name]} s", flush=True)
+    result = {}
+    for name, ev in rows.items():
+        if ev is None:
+            continue
+        run = runs[name]
+        result[name] = {"eviction": dataclasses.asdict(ev),
+                        "compactions": run[items[0].id]["compactions_before"][-1],
+                        "from_squeeze": compare(from_step(run, args.squeeze_at), runs["full"], refs),
+                        "own": compare(run, runs["full"], refs)}
+        for part in ("from_squeeze", "own"):
+            result[name][part].pop("per_text")
+        f = result[name]["from_squeeze"]
+        print(f"{name:9s} from step {args.squeeze_at}: NLL ratio {f['nll_ratio']:.4f} "
+              f"{f['nll_ratio_ci95']}, top-1 agreement {f['top1_agreement']:.3f}", flush=True)
+    record.write_json({
+        "command": record.command_line(), "commit": record.git_commit(dirty=True),
+        "versions": record.versions(), "device": record.gpu_name(args.device),
+        "model": model, "texts": [it.id for it in items], "settings": vars(args),
+        "implementation": "hf reference (sglang_zipage/harness/fidelity/hf_reference.py)",
+        "seconds": seconds, "rows": result}, args.out)
+
+
+if __name__ == "__main__":
+    main()
