@@ -60,8 +60,11 @@ def run(args) -> dict:
         res["stock_alone"] = facts(out)
     finally:
         stock.stop()
+    # a pool of a few thousand tokens needs a larger share for a window slot per request
+    # (memory.py; as the CPU tests' pools)
     elastic = Server([*common, "--zipage-mode", "elastic", "--zipage-kv-budget", str(BUDGET),
-                      "--zipage-buffer", str(BUFFER)], logs / "elastic.log", env=STRICT_MEM_ENV)
+                      "--zipage-buffer", str(BUFFER), "--zipage-memory-fraction", "0.5"],
+                     logs / "elastic.log", env=STRICT_MEM_ENV)
     try:
         (out,) = elastic.generate_ids([prompt], [params(args.tokens)])
         alone = facts(out)

@@ -55,7 +55,8 @@ CPU check (2-layer Qwen3 written to a temp folder; about 7 minutes on 2 busy cor
 server start; it gave 150 output tok/s, 18 running, 163 compactions in the window):
   .venv/bin/python benchmarks/steady_state.py --tiny --engine zipage --num-prompts 40 \\
       --input-len 32 --output-len 200 --request-rate 4 --window-start-s 10 --window-end-s 40 \\
-      --out /tmp/ss-tiny.json --zipage-kv-budget 64 --zipage-buffer 16 --max-total-tokens 2048
+      --out /tmp/ss-tiny.json --zipage-kv-budget 64 --zipage-buffer 16 --max-total-tokens 2048 \\
+      --zipage-memory-fraction 0.5  # a tiny pool needs a larger share for its window slots
 
 H200 (nvidia-h200), Qwen3-8B shape, default pool, budget 2048 + 256, 8k outputs (16k:
 --output-len 16384 and -16k in the names). Arrivals at 8/s are far above capacity (about

@@ -28,8 +28,10 @@ Admission books what the running requests will hold, not each one's worst case:
       tokens; it ends within r_i = remaining_i decode steps and then gives back at least
       d_i = min(suffix_i, limit_i). t steps from now the running requests hold
       F(t) = sum_{r_i > t} min(t, g_i) - sum_{r_i <= t} d_i more than now, and admission
-      sets aside peak(F) = max_t F(t) >= 0 (``peak_growth``) rather than sum g_i. Exact
-      where outputs run to max_new_tokens; where they stop earlier, the peak only overstates.
+      sets aside peak(F) = max_t F(t) >= 0 (``peak_growth``) rather than sum g_i; a new
+      request is charged its prompt, a page and what it adds to the peak (g = its limit,
+      d = 0). Exact where outputs run to max_new_tokens; where they stop earlier, the peak
+      only overstates.
   A2  when a step or a waiting request finds the pool short, running requests give tokens
       back before SGLang retracts any (``Budget.give_back``): first those past their limit,
       then those over their budget, down to their budget; then, with a budget range

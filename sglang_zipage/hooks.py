@@ -66,6 +66,8 @@ def _hook_table():
         ("managers.schedule_policy.PrefillAdder.__init__", T.AFTER, sh.book_running_growth,
          "admission books the running requests' growth at its peak, and the fresh slots of "
          "asynchronous compactions (L445)"),
+        ("managers.schedule_policy.PrefillAdder.add_one_req", T.AROUND, sh.admit_by_peak,
+         "a new request is charged what it adds to the booked peak, not budget + buffer (L1059)"),
         ("managers.scheduler_components.invariant_checker.SchedulerInvariantChecker."
          "_get_total_uncached_sizes", T.AFTER, sh.count_shadow_slots,
          "the strict memory checker counts in-flight compactions' fresh slots as held (L224)"),

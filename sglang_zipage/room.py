@@ -104,8 +104,9 @@ class Room:
         p.waiting = 0 if capped else len(waiting)
         if not waiting or running is None or not running.reqs or capped:
             return
-        short = (p.admission.need(waiting[0]) + p.admission.reserved(running.reqs, ratio)
-                 - self.free(running))
+        growths = p.admission.growths(running.reqs)
+        short = (p.admission.need(waiting[0], growths, p.page_size)
+                 + p.admission.reserved(running.reqs, ratio) - self.free(running))
         if short > 0:
             p.pressure.ran_short()
             self.make(running, int(short), p.headroom, early=False)

@@ -22,7 +22,7 @@ from typing import Optional
 import torch
 
 from sglang_zipage import kv_layout, memory, request_state
-from sglang_zipage.budget import Budget, Budgets
+from sglang_zipage.budget import Budget, Budgets, peak_growth
 from sglang_zipage.config import ZipageConfig
 from sglang_zipage.counters import Counters
 from sglang_zipage.decisions import DecisionLog
@@ -163,11 +163,24 @@ class ZipageRuntime:
     def stock_reserve(self, req) -> int:
         return self.planner.admission.stock_reserve(req)
 
-    def admission_reserve(self, running_reqs) -> int:
+    def running_growths(self, running_reqs):
+        """The running compressing requests' growth (budget A1), for one admission pass."""
+        return self.planner.admission.growths(running_reqs)
+
+    def admission_reserve(self, growths) -> int:
         """Tokens admission sets aside beside SGLang's per-request estimates: the running
         compressing requests' growth at its peak (budget A1) and, with --zipage-async, the
         fresh slots of compactions not yet in flight."""
-        return self.planner.admission.booked(running_reqs) + self.shadows.reserve()
+        return peak_growth(growths) + self.shadows.reserve()
+
+    def new_request_charge(self, growths, req) -> int:
+        """SGLang's output estimate for a waiting request (CLIP_MAX_NEW_TOKENS while SGLang
+        considers it): what it adds to the peak of ``growths``, or SGLang's own clip."""
+        extra = self.planner.admission.marginal(growths, req)
+        return self.stock_clip if extra is None else extra
+
+    def newcomer(self, req):
+        return self.planner.admission.newcomer(req)
 
     def on_release(self, req) -> None:
         """The request gives back its req_pool_idx (finish, abort or retraction)."""

@@ -110,7 +110,32 @@ def running_reserve(original, adder, req):
 
 def book_running_growth(result, adder, *args, **kwargs):
     running = adder.running_batch.reqs if adder.running_batch is not None else []
-    adder.rem_total_token_offset += RUNTIME.admission_reserve(running)
+    adder.zipage_growths = RUNTIME.running_growths(running)  # this pass's, newcomers added
+    adder.rem_total_token_offset += RUNTIME.admission_reserve(adder.zipage_growths)
+
+
+def admit_by_peak(original, adder, req, *args, **kwargs):
+    """SGLang charges a new request its prompt, a page and min(max_new_tokens, the module's
+    CLIP_MAX_NEW_TOKENS), read when it runs: while it considers this request, that is what
+    the request adds to the booked peak (admission.py), so that much and no more is charged.
+    SGLang's ignore_eos path without a radix tree keeps its own rule."""
+    growths = getattr(adder, "zipage_growths", None)
+    if growths is None or (req.sampling_params.ignore_eos
+                           and getattr(adder.tree_cache, "disable", True)):
+        return original(adder, req, *args, **kwargs)
+    from sglang.srt.managers import schedule_policy
+
+    saved = schedule_policy.CLIP_MAX_NEW_TOKENS
+    schedule_policy.CLIP_MAX_NEW_TOKENS = RUNTIME.new_request_charge(growths, req)
+    try:
+        result = original(adder, req, *args, **kwargs)
+    finally:
+        schedule_policy.CLIP_MAX_NEW_TOKENS = saved
+    if adder.can_run_list and adder.can_run_list[-1] is req and adder.new_chunked_req is not req:
+        mine = RUNTIME.newcomer(req)  # admitted whole: its growth joins the pass's
+        if mine is not None:
+            growths.append(mine)
+    return result
 
 
 def count_shadow_slots(result, checker, *args, **kwargs):

@@ -34,16 +34,23 @@ def test_old_requests_ending_first_pay_for_young_ones_growth():
     assert peak_growth([]) == 0 and peak_growth([(0, 5, 10)]) == 0
 
 
-def _run(pool, prompts, out_len, budget, admit):
+def _run(pool, prompts, out_len, budget, rule):
     """Decode requests that all run to out_len (fixed mode: compacted at the limit) through
-    an admission rule; returns (most tokens held at once, most requests running at once)."""
+    an admission rule; returns (most tokens held at once, most requests running at once).
+    Rules: "worst" (each running request's reserve, a new one's prompt + limit), "peak" (the
+    running requests' peak, a new one's prompt + limit), "marginal" (a new one's prompt and
+    what it adds to the peak: admission.py), "none" (nothing set aside)."""
     waiting, running, most, most_running = list(prompts), [], 0, 0
     while waiting or running:
         while waiting:
             held = sum(p + s for p, s, _ in running)
-            growth = admit([(budget.reserve(s, out_len - n), out_len - n, min(s, budget.limit))
-                            for _, s, n in running])
-            if held + growth + waiting[0] + budget.admission_reserve() > pool:
+            growths = [(budget.reserve(s, out_len - n), out_len - n, min(s, budget.limit))
+                       for _, s, n in running]
+            new = (budget.limit, out_len, 0)
+            need = {"worst": sum(g for g, _, _ in growths) + budget.limit,
+                    "peak": peak_growth(growths) + budget.limit,
+                    "marginal": peak_growth([*growths, new]), "none": 0}[rule]
+            if held + need + waiting[0] + budget.page_size > pool:
                 break
             running.append((waiting.pop(0), 0, 0))
         most_running = max(most_running, len(running))
@@ -63,10 +70,11 @@ def _run(pool, prompts, out_len, budget, admit):
 def test_booking_the_peak_runs_more_requests_and_never_overfills_the_pool(out_len):
     budget, pool = Budget(64, 16, 16), 2000
     prompts = [random.Random(i).randint(16, 48) for i in range(200)]
-    worst = _run(pool, prompts, out_len, budget, lambda g: sum(x[0] for x in g))
-    peak = _run(pool, prompts, out_len, budget, peak_growth)
-    assert worst[0] <= pool and peak[0] <= pool  # A1: what admission booked is enough
-    assert peak[1] > worst[1]  # ... and it is less than each request's worst case
+    worst, peak, marginal, none = (_run(pool, prompts, out_len, budget, rule)
+                                   for rule in ("worst", "peak", "marginal", "none"))
+    assert max(worst[0], peak[0], marginal[0]) <= pool  # A1: what admission booked is enough
+    assert none[0] > pool  # (booking nothing is not)
+    assert min(peak[1], marginal[1]) > worst[1]  # ... and less than each one's worst case
 
 
 def test_a_request_gives_back_down_to_its_budget_then_its_floor():
