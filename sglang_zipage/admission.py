@@ -19,6 +19,10 @@ from sglang_zipage import request_state
 from sglang_zipage.budget import Budget, peak_growth
 
 
+END_LAG = 2  # decode steps between a request's last token and its KV back in the pool
+# (the overlap scheduler frees it when it processes that step's results)
+
+
 class Admission:
     def __init__(self, budget_of, stock_clip: int = 4096):
         self.budget_of = budget_of  # req -> its Budget, or None (planner.Planner.budget_of)
@@ -36,7 +40,8 @@ class Admission:
         """A1's (g, r, d) of a running compressing request."""
         remaining = max(0, req.sampling_params.max_new_tokens - len(req.output_ids))
         suffix = request_state.suffix_len(req, budget)
-        return budget.reserve(suffix, remaining), remaining, min(suffix, budget.limit)
+        return (budget.reserve(suffix, remaining), remaining + END_LAG,
+                min(suffix, budget.limit))
 
     def growths(self, reqs) -> List[Tuple[int, int, int]]:
         """A1's (g, r, d) of the running compressing requests of ``reqs``."""
@@ -58,7 +63,7 @@ class Admission:
         if budget is None:
             return None
         remaining = max(0, req.sampling_params.max_new_tokens - len(req.output_ids))
-        return budget.reserve(len(req.output_ids), remaining), remaining, 0
+        return budget.reserve(len(req.output_ids), remaining), remaining + END_LAG, 0
 
     def marginal(self, growths, req) -> Optional[int]:
         """What admitting ``req`` adds to the peak of ``growths`` (the running requests and

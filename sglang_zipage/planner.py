@@ -140,10 +140,11 @@ class Planner:
                 self.pressure.ran_short()
                 self.room.make(batch, short, self.headroom)
 
-    def item(self, req, st, suffix: int, kept: int) -> CompactionItem:
+    def item(self, req, st, suffix: int, kept: int, windowless: bool = False) -> CompactionItem:
         """A compaction of the request's suffix down to ``kept``: scored with its window,
-        or windowless when it holds no slot (budget W2)."""
-        slot = self.window.slot_of(req.req_pool_idx) if st.window_since >= 0 else 0
+        or windowless when it holds no slot (budget W2) or cannot wait for it (room.py)."""
+        slot = (self.window.slot_of(req.req_pool_idx)
+                if st.window_since >= 0 and not windowless else 0)
         return CompactionItem(req.req_pool_idx, st.c0, suffix, st.n_stored,
                               st.n_stored == 0,  # first since (re)prefill
                               slot, kept)

@@ -32,19 +32,24 @@ class Room:
         """Compact running requests of ``batch`` until ``tokens`` slots are freed or none
         can give more (A2): those past their limit, largest first (up to ``headroom`` more,
         so the next steps do not run short again); then, with ``early`` (a decode step,
-        where SGLang would retract next), those over their budget; then the squeeze.
+        where SGLang would retract next), those over their budget, and those whose window
+        still fills without it; then the squeeze.
         Returns the slots freed."""
         p = self.p
         back, squeeze = {}, {}  # row -> (tokens freed, kept): down to the budget, the floor
+        windowless = set()  # rows compacted without their window (recent tokens kept)
         past = set()  # rows past their limit
         for i, req in enumerate(batch.reqs):
             budget = p.budget_of(req) if not req.finished() else None
             if budget is None or req.req_pool_idx is None:
                 continue
             st = p.state(req)
-            if (st.answer_col is not None  # its answer is never evicted (segments.py)
-                    or not budget.can_score(st, req.decode_batch_idx)):  # its window fills
+            if st.answer_col is not None:  # its answer is never evicted (segments.py)
                 continue
+            if not budget.can_score(st, req.decode_batch_idx):  # its window still fills:
+                if not early:  # it waits for it, unless SGLang would retract instead
+                    continue
+                windowless.add(i)
             suffix = req.kv_committed_len - st.c0
             kept = budget.give_back(suffix)
             if kept is not None and (early or suffix >= budget.limit):
@@ -83,8 +88,11 @@ class Room:
         p.stats.squeezed(len(squeezed))
         p.stats.add("early_compactions", early)
         items = [p.item(batch.reqs[i], batch.reqs[i].zipage,
-                        batch.reqs[i].kv_committed_len - batch.reqs[i].zipage.c0, chosen[i])
-                 for i in rows]
+                        batch.reqs[i].kv_committed_len - batch.reqs[i].zipage.c0, chosen[i],
+                        windowless=i in windowless) for i in rows]
+        for i in rows:
+            if i in windowless:
+                p.stats.windowless()
         self.count(batch, rows)
         p.apply(batch, items, rows)
         return freed
