@@ -6,9 +6,10 @@ each one's worst case: SGLang's per-request estimate is 0 for them (``compresses
 one is charged its prompt, a page and what it adds to that peak (``marginal``): while the
 running ones are about to end, a new one is admitted before they have ended (the hooks give
 SGLang's CLIP_MAX_NEW_TOKENS that value while SGLang considers it; elsewhere, e.g. a chunked
-prefill's last chunk, it stays budget + buffer + a page). A request that never compresses (zipage_kv_budget 0), or
-whose answer grows (segments.py), keeps SGLang's own estimate: its remaining tokens, clipped
-at SGLang's CLIP_MAX_NEW_TOKENS, times SGLang's new-token ratio. Duck-types SGLang's Req.
+prefill's last chunk, it stays budget + buffer + a page). A request that never compresses
+(zipage_kv_budget 0), or whose answer grows (segments.py), keeps SGLang's own estimate: its
+remaining tokens, clipped at SGLang's CLIP_MAX_NEW_TOKENS, times SGLang's new-token ratio.
+Duck-types SGLang's Req.
 """
 
 from __future__ import annotations

@@ -25,8 +25,9 @@ Query-window slots (query_window.py; as many as memory.py fits):
 
 Admission books what the running requests will hold, not each one's worst case:
   A1  a compressing request i may still add g_i = min(remaining_i, limit_i - suffix_i)
-      tokens; it ends within r_i = remaining_i decode steps and then gives back at least
-      d_i = min(suffix_i, limit_i). t steps from now the running requests hold
+      tokens; its KV is back in the pool within r_i = remaining_i + 2 decode steps (the
+      overlap scheduler frees it a step after its last one), at least d_i = min(suffix_i,
+      limit_i) of it. t steps from now the running requests hold
       F(t) = sum_{r_i > t} min(t, g_i) - sum_{r_i <= t} d_i more than now, and admission
       sets aside peak(F) = max_t F(t) >= 0 (``peak_growth``) rather than sum g_i; a new
       request is charged its prompt, a page and what it adds to the peak (g = its limit,
@@ -125,17 +126,9 @@ class Budget:
     def needs_compaction(self, state: ReqState, suffix: int, decode_idx: int,
                          pressed: bool = False) -> bool:
         """At the trigger: in fixed mode, and in elastic mode while the pool is under
-        pressure (else never on its own: see can_yield)."""
+        pressure (else only on demand: room.py)."""
         return ((not self.elastic or pressed) and suffix >= self.trigger
                 and self.can_score(state, decode_idx))
-
-    def can_yield(self, state: ReqState, suffix: int, decode_idx: int) -> int:
-        """Elastic mode: tokens a compaction down to kv_budget would free now, or 0. Only a
-        suffix at the limit or past it yields, so after a compaction a request decodes at
-        least ``buffer`` tokens before it yields again (no thrashing)."""
-        if suffix < self.limit or not self.can_score(state, decode_idx):
-            return 0
-        return suffix - self.kv_budget
 
     def give_back(self, suffix: int) -> Optional[int]:
         """A2: the kept count of a compaction that gives tokens back now (the budget, for a

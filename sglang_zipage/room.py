@@ -78,15 +78,15 @@ class Room:
         if not chosen:
             return 0
         rows = sorted(chosen)
-        early = 0  # compactions before the limit, not squeezes
+        before_limit = 0  # compactions before the limit, not squeezes
         for i in rows:
             req = batch.reqs[i]
             st = req.zipage
-            early += i not in squeezed and i not in past
+            before_limit += i not in squeezed and i not in past
             if i in squeezed:
                 st.squeezed_to = chosen[i] // st.loop_boost  # A3: its budget until pressure ends
         p.stats.squeezed(len(squeezed))
-        p.stats.add("early_compactions", early)
+        p.stats.add("early_compactions", before_limit)
         items = [p.item(batch.reqs[i], batch.reqs[i].zipage,
                         batch.reqs[i].kv_committed_len - batch.reqs[i].zipage.c0, chosen[i],
                         windowless=i in windowless) for i in rows]

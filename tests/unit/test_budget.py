@@ -19,16 +19,6 @@ def test_fixed_mode_compresses_at_the_limit_elastic_never_on_its_own():
     assert not elastic.needs_compaction(st, 5000, idx)
 
 
-def test_elastic_yield_starts_at_the_limit_and_needs_a_full_window():
-    b = Budget(64, 16, 16, elastic=True)
-    st, idx = _ready()
-    assert b.can_yield(st, 79, idx) == 0  # below budget + buffer: nothing to give (hysteresis)
-    assert b.can_yield(st, 80, idx) == 16
-    assert b.can_yield(st, 2000, idx) == 2000 - 64  # down to the budget in one go
-    assert b.can_yield(st, 2000, idx - 1) == 0  # window still filling: wait for it
-    assert b.can_yield(ReqState(c0=0), 2000, idx) == 2000 - 64  # no slot: windowless (W2)
-
-
 def test_fixed_mode_asks_for_a_slot_once_so_it_fills_before_the_limit():
     b = Budget(64, 32, 16)  # trigger 96: the window must start at 80
     st = ReqState(c0=0)
