@@ -1,7 +1,7 @@
 """What SGLang's admission sets aside for the running requests, under zipage.
 
 A compressing request's growth is bounded and its end is known at the latest, so the
-running requests' growth is booked together, at its peak (budget.py A1, ``booked``), not as
+running requests' growth is booked together, at its peak (budget.py A1, ``growths``), not as
 each one's worst case: SGLang's per-request estimate is 0 for them (``compresses``). A new
 one is charged its prompt, a page and what it adds to that peak (``marginal``): while the
 running ones are about to end, a new one is admitted before they have ended (the hooks give
@@ -53,10 +53,6 @@ class Admission:
                 out.append(self.growth(r, budget))
         return out
 
-    def booked(self, reqs) -> int:
-        """What the running compressing requests of ``reqs`` will add at their peak (A1)."""
-        return peak_growth(self.growths(reqs))
-
     def newcomer(self, req) -> Optional[Tuple[int, int, int]]:
         """A1's (g, r, d) of a waiting request once admitted (its suffix starts with the
         output it already has, a retracted request's), or None if it does not compress."""
@@ -78,12 +74,13 @@ class Admission:
         """SGLang's own estimate of what a request that never compresses may still add."""
         return min(req.sampling_params.max_new_tokens - len(req.output_ids), self.stock_clip)
 
-    def reserved(self, reqs, ratio: float) -> float:
-        """All that admission sets aside for the running ``reqs``: the compressing ones'
-        peak, SGLang's estimate (times its new-token ratio) for the others."""
+    def reserved(self, reqs, growths, ratio: float) -> float:
+        """All that admission sets aside for the running ``reqs``: the peak of the
+        compressing ones' ``growths``, SGLang's estimate (times its new-token ratio) for the
+        others."""
         others = sum(self.stock_reserve(r) for r in reqs
                      if not r.finished() and self.compresses(r) is None)
-        return self.booked(reqs) + others * ratio
+        return peak_growth(growths) + others * ratio
 
     def need(self, req, growths, page: int) -> int:
         """What a waiting request needs to be admitted beside the running requests of

@@ -114,7 +114,7 @@ class Room:
             return
         growths = p.admission.growths(running.reqs)
         short = (p.admission.need(waiting[0], growths, p.page_size)
-                 + p.admission.reserved(running.reqs, ratio) - self.free(running))
+                 + p.admission.reserved(running.reqs, growths, ratio) - self.free(running))
         if short > 0:
             p.pressure.ran_short()
             self.make(running, int(short), p.headroom, early=False)

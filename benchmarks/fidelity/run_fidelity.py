@@ -277,7 +277,7 @@ def summarize(args, items, runs_by_impl: Dict[str, Dict[str, Dict]], free_items)
     full = {impl: runs.get("full") for impl, runs in runs_by_impl.items()}
     checks = ({"engine_forced_tokens_emitted": True, "engine_steps_equal_output_len": True,
                "engine_schedule_matches_formula": True} if engine_runs else {})
-    from sglang_zipage.harness.fidelity.hf_reference import compactions_before
+    from sglang_zipage.harness.fidelity.hf_reference import schedule
     from sglang_zipage.harness.fidelity.selection import Eviction
 
     for impl, runs in runs_by_impl.items():
@@ -294,7 +294,7 @@ def summarize(args, items, runs_by_impl: Dict[str, Dict[str, Dict]], free_items)
             b = budget_tokens(frac, args.cont_len)
             if impl == "engine" and variant not in ENGINE_ONLY:
                 ev = Eviction(budget=b, buffer=args.buffer, window=args.window)
-                want = [compactions_before(i, ev) for i in range(args.cont_len)]
+                want = schedule(args.cont_len, ev)
                 checks["engine_schedule_matches_formula"] &= all(
                     r["compactions_before"] == want for r in run["forced"].values())
             row = {"impl": impl, "budget_frac": frac, "budget_tokens": b, "variant": variant,
