@@ -6,19 +6,24 @@ budget and matches stock where nothing compresses, or is refused at startup by n
         --out $OUT/coverage-h200.json --parallel 6 --deadline-s 1500
 
 Each row (family, kv_dtype, attention_backend, page_size) runs in a process of its own
-(``coverage.py row ...``): a zipage engine, then a stock engine (zipage disabled), on the
-family's config.json under benchmarks/models/ (public dimensions, ``layers`` layers, dummy
-weights seeded alike in both), CUDA graphs and the overlap scheduler on, SGLang's strict
-memory checker on:
+(``coverage.py row ...``): a stock engine (zipage disabled), then a zipage engine (fixed mode;
+the loop guard on, its default), on the family's config.json under
+benchmarks/models/ (public dimensions, ``layers`` layers, dummy weights seeded alike in both),
+CUDA graphs and the overlap scheduler on, SGLang's strict memory checker on:
   short     4 prompts of 200 random ids, 48 greedy tokens, one batch (never compresses):
             output ids equal stock's
   compress  16 prompts x 200 ids x 900 greedy tokens, one batch: every request reaches 900
-            tokens, the engine compacted at least once per buffer after the first limit,
-            and no suffix outgrew budget + buffer (DeepSeek-V3: a second batch at a
-            per-request budget of 2048, 16 x 2600 tokens)
+            tokens and compacted at least once per buffer after the first limit (once, if
+            the loop guard raised its budget: dummy weights often loop), and no suffix
+            outgrew budget + buffer (the raised budget's) (DeepSeek-V3: a second batch at
+            a per-request budget of 2048, 16 x 2600 tokens)
+  answers   the compress batch's prompts again, each with a think-end marker (issue 31)
+            taken from its own output (think_markers) and zipage_answer_budget 128: where
+            the marker was written, every token from it on is still in the request's KV at
+            the end, and what it kept of the thinking before it is at most the answer budget
   memory    zipage's buffers (memory_bytes of /server_info) take at most 3% of the pool
-            stock sizes from the same flags (issue 28); start times and zipage's own
-            kernel warm-up (warm_up_s) are recorded
+            stock sizes from the same flags (issue 28); start times (stock first: see
+            run_row) and zipage's own kernel warm-up (warm_up_s) are recorded
 A startup refusal (the engine raises before serving, naming the model or flag) is status
 ``refused``; a failed check, a crash or a timeout is ``fail``. Rows run ``--parallel`` at a
 time on one GPU, and only as many as GPU_GIB (each row's estimate) lets share it; the driver
@@ -45,8 +50,11 @@ from sglang_zipage.harness.engines import (MODELS, dummy_engine_kwargs, model_co
                                            zipage_kwargs)
 from sglang_zipage.harness.record import command_line, git_commit, gpu_name, write_json
 from sglang_zipage.harness.server import STRICT_CHECKS_ENV
+from sglang_zipage.repetition import LoopGuard
+from sglang_zipage import segments
 
 PROMPT, SHORT_OUT, LONG_OUT, N_SHORT, N_LONG = 200, 48, 900, 4, 16
+ANSWER_BUDGET = 128  # the think-segment batch's zipage_answer_budget (legal on every page)
 
 # name -> (folder, layers, kv_budget, buffer). Layer counts keep each family's mix of layer
 # kinds (Gemma 3: 5 sliding + 1 global; gpt-oss: sliding/full alternate; DeepSeek: 1 dense +
@@ -133,6 +141,28 @@ def prompts(row, n, seed):
     return [[rng.randrange(100, hi) for _ in range(PROMPT)] for _ in range(n)]
 
 
+def per_request(outs):
+    """What the checks need of each response's meta_info."""
+    keys = {"completion_tokens": "tokens", "zipage_compactions": "compactions",
+            "zipage_loop_guard": "loop_guard", "zipage_kv_len": "kv_len",
+            "prompt_tokens": "prompt"}
+    return [{short: o["meta_info"].get(k) for k, short in keys.items()} for o in outs]
+
+
+def think_markers(outs, lo=300, hi=600):
+    """Per request of the compress batch, a think-end marker from its own greedy output: a
+    token it first writes at an index in [lo, hi), so that the thinking before it outgrew the
+    budget and the answer after it outgrows the limit; where none is new there (dummy weights
+    often loop), the token at ``lo``, whose first occurrence is earlier: then the whole output
+    is the answer, and must all stay."""
+    marks = []
+    for o in outs:
+        ids = o["output_ids"]
+        j = next((j for j in range(lo, min(hi, len(ids))) if ids[j] not in ids[:j]), lo)
+        marks.append([ids[j]])
+    return marks
+
+
 def run_engine(row, stock):
     from sglang_zipage import Engine
 
@@ -149,20 +179,25 @@ def run_engine(row, stock):
         outs = eng.generate(input_ids=prompts(row, N_SHORT, 1), sampling_params=greedy(SHORT_OUT))
         res["short"] = [o["output_ids"] for o in outs]
         if not stock:
+            long_prompts = prompts(row, N_LONG, 2)
             t1 = time.perf_counter()
-            outs = eng.generate(input_ids=prompts(row, N_LONG, 2), sampling_params=greedy(LONG_OUT))
+            outs = eng.generate(input_ids=long_prompts, sampling_params=greedy(LONG_OUT))
             res["compress_s"] = round(time.perf_counter() - t1, 1)
-            res["lengths"] = sorted({o["meta_info"]["completion_tokens"] for o in outs})
-            res["request_compactions"] = sorted({o["meta_info"]["zipage_compactions"] for o in outs})
+            res["requests"] = per_request(outs)
+            # the same prompts again, each with a think-end marker its first output wrote
+            # (per-request zipage_think_end as token ids) and an answer budget
+            marks = think_markers(outs)
+            outs = eng.generate(input_ids=long_prompts, sampling_params=[
+                greedy(LONG_OUT, zipage_think_end=m, zipage_answer_budget=ANSWER_BUDGET)
+                for m in marks])
+            res["answers"] = [{**r, "marker_at": segments.find(o["output_ids"], m)}
+                              for r, o, m in zip(per_request(outs), outs, marks)]
             if row["family"] in LARGE_BUDGET:
                 budget, out = LARGE_BUDGET[row["family"]]
                 outs = eng.generate(input_ids=prompts(row, N_LONG, 3),
                                     sampling_params=greedy(out, zipage_kv_budget=budget))
-                res["large_budget"] = {
-                    "kv_budget": budget, "output": out,
-                    "lengths": sorted({o["meta_info"]["completion_tokens"] for o in outs}),
-                    "request_compactions": sorted({o["meta_info"]["zipage_compactions"] for o in outs}),
-                    "kv_len": max(o["meta_info"]["zipage_kv_len"] for o in outs)}
+                res["large_budget"] = {"kv_budget": budget, "output": out,
+                                       "requests": per_request(outs)}
             res["zipage"] = probe.zipage_state(eng)
         state = probe.internal_states(eng)[0]
         res["pool_tokens"] = state.get("memory_usage", {}).get("token_capacity")
@@ -170,6 +205,35 @@ def run_engine(row, stock):
     finally:
         eng.shutdown()
     return res
+
+
+def compressed_ok(requests, out, budget, buffer):
+    """Every request wrote ``out`` tokens and compacted once per buffer after its limit; one
+    the loop guard raised (its budget x 2 per trigger, at most 4x) at least once, before the
+    guard could watch it. Returns (ok, the largest limit any request had)."""
+    want = (out - budget - buffer) // buffer + 1
+    ok, limit = True, budget + buffer
+    for r in requests:
+        boost = min(LoopGuard.max_boost, 2 ** (r["loop_guard"] or 0))
+        ok = ok and r["tokens"] == out and r["compactions"] >= (want if boost == 1 else 1)
+        limit = max(limit, budget * boost + buffer)
+    return ok, limit
+
+
+def answers_ok(answers, layout, page):
+    """Think segments: where a request's marker was written, everything from it on is still
+    in its KV at the end (kv_len >= prompt + the answer's written columns) and its thinking
+    segment went down to the answer budget (a page of slack); some marker was found, except
+    on hybrid sliding-window pools, where segments are off (runtime._segments)."""
+    found = [a for a in answers if a["marker_at"] >= 0]
+    ev = {"markers_found": len(found), "requests": len(answers),
+          "answer_tokens": sorted(a["tokens"] - a["marker_at"] for a in found)}
+    if layout == "hybrid-swa":
+        return True, {**ev, "segments": "off on the hybrid sliding-window pool"}
+    held = [a["kv_len"] - a["prompt"] - (a["tokens"] - 1 - a["marker_at"]) for a in found]
+    ev["thinking_kept"] = sorted(held)
+    ok = bool(found) and all(0 <= h <= ANSWER_BUDGET + page for h in held)
+    return ok, ev
 
 
 def judge(row, stock, zipage):
@@ -180,7 +244,6 @@ def judge(row, stock, zipage):
                     "refused_by": "zipage" if "--zipage-disable" in side["refused"] else "sglang"}
     z = zipage["zipage"] or {}
     first_diff = next((i for i, (a, b) in enumerate(zip(stock["short"], zipage["short"])) if a != b), None)
-    want = (LONG_OUT - budget - buffer) // buffer + 1
     plan = z.get("memory") or {}
     mem = {"zipage_memory_bytes": z.get("memory_bytes"), "kv_pool_bytes": plan.get("kv_pool_bytes"),
            "stock_kv_pool_bytes": (stock.get("pool_tokens") or 0) * plan.get("cell_bytes", 0),
@@ -189,25 +252,34 @@ def judge(row, stock, zipage):
            "windowless_compactions": z.get("windowless_compactions")}
     mem["share_of_stock_pool"] = (round(mem["zipage_memory_bytes"] / mem["stock_kv_pool_bytes"], 5)
                                   if mem["zipage_memory_bytes"] and mem["stock_kv_pool_bytes"] else None)
+    reqs = zipage["requests"]
+    compress_ok, limit = compressed_ok(reqs, LONG_OUT, budget, buffer)
+    layout = z.get("layout") or {}
+    answers_pass, answers = answers_ok(zipage["answers"], layout.get("layout"), row["page_size"])
     ev = {"start_s": {"stock": stock["start_s"], "zipage": zipage["start_s"]},
+          "zipage_over_stock_start_s": round(zipage["start_s"] - stock["start_s"], 1),
           "warm_up_s": z.get("warm_up_s"), "memory": mem,
           "startup_time": {"stock": stock.get("startup_time"), "zipage": zipage.get("startup_time")},
-          "compress_s": zipage["compress_s"], "lengths": zipage["lengths"],
-          "request_compactions": zipage["request_compactions"],
+          "compress_s": zipage["compress_s"], "lengths": sorted({r["tokens"] for r in reqs}),
+          "request_compactions": sorted({r["compactions"] for r in reqs}),
+          "loop_guard": {"requests_raised": sum(bool(r["loop_guard"]) for r in reqs),
+                         "triggers": z.get("loop_guard_triggers")},
           "compactions": z.get("compactions"), "max_suffix_tokens": z.get("max_suffix_tokens"),
-          "limit": budget + buffer, "expected_compactions_per_request": want,
-          "short_equal_stock": first_diff is None, "short_first_diff_request": first_diff,
-          "layout": (z.get("layout") or {})}
-    limit = budget + buffer
-    ok = (ev["short_equal_stock"] and ev["lengths"] == [LONG_OUT]
-          and min(ev["request_compactions"]) >= want
+          "expected_compactions_per_request": (LONG_OUT - budget - buffer) // buffer + 1,
+          "think_segments": answers, "short_equal_stock": first_diff is None,
+          "short_first_diff_request": first_diff, "layout": layout}
+    ok = (ev["short_equal_stock"] and compress_ok and answers_pass
           and mem["share_of_stock_pool"] is not None and mem["share_of_stock_pool"] <= DEFAULT_SHARE)
     large = zipage.get("large_budget")
     if large:  # the per-request budget's batch: its own limit, its own compactions
-        ev["large_budget"] = large
-        limit = large["kv_budget"] + buffer
-        ok = (ok and large["lengths"] == [large["output"]]
-              and min(large["request_compactions"]) >= (large["output"] - limit) // buffer + 1)
+        large_ok, large_limit = compressed_ok(large["requests"], large["output"],
+                                              large["kv_budget"], buffer)
+        ev["large_budget"] = {
+            "kv_budget": large["kv_budget"], "output": large["output"],
+            "lengths": sorted({r["tokens"] for r in large["requests"]}),
+            "request_compactions": sorted({r["compactions"] for r in large["requests"]}),
+            "kv_len": max(r["kv_len"] for r in large["requests"])}
+        ok, limit = ok and large_ok, max(limit, large_limit)
     ev["limit"] = limit
     ok = ok and ev["max_suffix_tokens"] is not None and ev["max_suffix_tokens"] <= limit
     return {"status": "pass" if ok else "fail", "evidence": ev}
@@ -217,8 +289,12 @@ def run_row(row, out_path):
     os.environ.update(STRICT_CHECKS_ENV)
     result = dict(row)
     try:
-        zipage = run_engine(row, stock=False)  # first: a refusal needs no stock run
-        stock = run_engine(row, stock=True) if "refused" not in zipage else zipage
+        # stock first: where the row's kernels are not in the shared Triton cache yet, the
+        # first engine compiles SGLang's own (minutes at page 1), as on a fresh machine; the
+        # zipage engine after it then starts on a warm cache, so its start minus stock's is
+        # its own cost (buffers, hooks, its kernels' warm-up: warm_up_s)
+        stock = run_engine(row, stock=True)
+        zipage = run_engine(row, stock=False)
         result.update(judge(row, stock, zipage))
     except Exception:
         result.update(status="fail", error=traceback.format_exc()[-3000:])
