@@ -24,8 +24,9 @@ CUDA graphs and the overlap scheduler on, SGLang's strict memory checker on:
   memory    zipage's buffers (memory_bytes of /server_info) take at most 3% of the pool
             stock sizes from the same flags (issue 28); start times (stock first: see
             run_row) and zipage's own kernel warm-up (warm_up_s) are recorded
-A startup refusal (the engine raises before serving, naming the model or flag) is status
-``refused``; a failed check, a crash or a timeout is ``fail``. Rows run ``--parallel`` at a
+A startup refusal (zipage's checks, engine.checked, asked before anything starts; or an
+engine that raises before serving, naming the model or flag) is status ``refused``; a
+failed check, a crash or a timeout is ``fail``. Rows run ``--parallel`` at a
 time on one GPU, and only as many as GPU_GIB (each row's estimate) lets share it; the driver
 writes the JSON after every row, so a run cut short keeps what it measured. Families and
 rows: FAMILIES and MATRIX below. ``coverage.py merge BASE RUN... --out`` folds runs into the
@@ -285,16 +286,33 @@ def judge(row, stock, zipage):
     return {"status": "pass" if ok else "fail", "evidence": ev}
 
 
+def refusal(row):
+    """The message zipage's startup checks refuse the row's zipage engine with, or None;
+    nothing starts (an engine SGLang itself cannot run, such as a backend missing from this
+    build, would take the row's process down with it)."""
+    from sglang_zipage.engine import checked
+
+    try:
+        checked(**engine_kwargs(row, stock=False))
+    except (ValueError, AssertionError, RuntimeError) as e:
+        return str(e)[-1500:]
+    return None
+
+
 def run_row(row, out_path):
     os.environ.update(STRICT_CHECKS_ENV)
     result = dict(row)
     try:
-        # stock first: where the row's kernels are not in the shared Triton cache yet, the
-        # first engine compiles SGLang's own (minutes at page 1), as on a fresh machine; the
-        # zipage engine after it then starts on a warm cache, so its start minus stock's is
-        # its own cost (buffers, hooks, its kernels' warm-up: warm_up_s)
-        stock = run_engine(row, stock=True)
-        zipage = run_engine(row, stock=False)
+        refused = refusal(row)
+        if refused:
+            stock = zipage = {"refused": refused}
+        else:
+            # stock first: where the row's kernels are not in the shared Triton cache yet,
+            # the first engine compiles SGLang's own (minutes at page 1), as on a fresh
+            # machine; the zipage engine after it then starts on a warm cache, so its start
+            # minus stock's is its own cost (buffers, hooks, its kernels' warm-up: warm_up_s)
+            stock = run_engine(row, stock=True)
+            zipage = run_engine(row, stock=False)
         result.update(judge(row, stock, zipage))
     except Exception:
         result.update(status="fail", error=traceback.format_exc()[-3000:])
