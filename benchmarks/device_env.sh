@@ -1,5 +1,7 @@
 # Source at the start of a device call (repository root):
-#   source benchmarks/device_env.sh && python3 benchmarks/...
+#   ZIPAGE_COMMIT=<sha> source benchmarks/device_env.sh && python3 benchmarks/...
+# (results record $ZIPAGE_COMMIT: the copied .git there can be stale, and the 1a5c635 coverage
+# runs recorded the HEAD of an earlier session's copy)
 # 1. the wheel bundle of ../shared/device (sglang, sgl-kernel, flashinfer) in /tmp/site
 #    (carry .devbundle);
 # 2. this checkout as `pip install -e .` maps it: pyproject.toml's package-dir makes the
