@@ -100,10 +100,10 @@ class Planner:
                     commits.append((i, suffix))
                 continue
             if self.segments is not None and self.segments.answering(req, st, self.window, self.stats):
-                item = self.segments.answer_item(req, st, budget, self.page_size, self.window,
-                                                 self.stats)
-                if item is not None:
-                    items.append(item)
+                cut = self.segments.answer_cut(req, st, budget, self.page_size, self.stats)
+                if cut is not None:
+                    thinking, kept, tail = cut
+                    items.append(self.item(req, st, thinking, kept, tail=tail))
                     rows.append(i)
                 continue  # its answer grows, never compacted (segments.py)
             st.max_suffix = max(st.max_suffix, suffix)
@@ -140,14 +140,16 @@ class Planner:
                 self.pressure.ran_short()
                 self.room.make(batch, short, self.headroom)
 
-    def item(self, req, st, suffix: int, kept: int, windowless: bool = False) -> CompactionItem:
-        """A compaction of the request's suffix down to ``kept``: scored with its window,
-        or windowless when it holds no slot (budget W2) or cannot wait for it (room.py)."""
+    def item(self, req, st, suffix: int, kept: int, windowless: bool = False,
+             tail: int = 0) -> CompactionItem:
+        """A compaction of the request's suffix down to ``kept`` (``tail``: answer columns
+        after it, segments.py): scored with its window, or windowless when it holds no slot
+        (budget W2) or cannot wait for it (room.py)."""
         slot = (self.window.slot_of(req.req_pool_idx)
                 if st.window_since >= 0 and not windowless else 0)
         return CompactionItem(req.req_pool_idx, st.c0, suffix, st.n_stored,
                               st.n_stored == 0,  # first since (re)prefill
-                              slot, kept)
+                              slot, kept, tail=tail)
 
     def admit(self, waiting, running, max_running: int, ratio: float) -> None:
         """Elastic mode, before SGLang's admission (room.py)."""

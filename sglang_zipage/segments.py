@@ -6,7 +6,7 @@ then a short answer. While a request thinks it compresses as any output. Once it
 holds the marker (``scan``, on the token ids the scheduler already has), the columns from the
 marker on are its answer: never evicted, growing freely (admission counts them as SGLang does
 an uncompressed request's). Its thinking segment, [c0, answer) rounded down to whole pages,
-is compacted once more (``answer_item``): down to the answer budget if there is one, scored
+is compacted once more (``answer_cut``): down to the answer budget if there is one, scored
 with the first W queries of the answer (what the answer attends to), else down to the budget
 only if it grew past its limit; the answer's columns then move right behind the kept tokens
 (compaction.shift_tail). After that the request is never compacted again. Not on hybrid
@@ -16,11 +16,10 @@ assumes the compressed span ends the request.
 
 from __future__ import annotations
 
-from typing import List, Optional, Sequence
+from typing import List, Optional, Sequence, Tuple
 
 from sglang_zipage import request_options
 from sglang_zipage.budget import floor_page
-from sglang_zipage.compaction import CompactionItem
 
 
 def find(tokens: Sequence[int], marker: List[int], start: int = 0) -> int:
@@ -63,9 +62,11 @@ class Segments:
         st.answer_col = len(req.origin_input_ids) + j - st.pos_offset
         return True
 
-    def answer_item(self, req, st, budget, page: int, window, stats) -> Optional[CompactionItem]:
-        """The thinking segment's last compaction, when it is due (its window is full, or it
-        has no slot); None while it waits or once nothing is left to do (st.answer_done)."""
+    def answer_cut(self, req, st, budget, page: int, stats) -> Optional[Tuple[int, int, int]]:
+        """The thinking segment's last compaction when it is due (its window is full, or it
+        has no slot): (thinking columns, tokens kept, answer columns after them), which the
+        planner makes its compaction item of; None while it waits or once nothing is left
+        to do (st.answer_done)."""
         if st.answer_done:
             return None
         thinking = floor_page(max(0, st.answer_col - st.c0), page)
@@ -79,7 +80,4 @@ class Segments:
             return None
         st.answer_done = True
         stats.add("answer_compactions")
-        tail = req.kv_committed_len - st.c0 - thinking
-        slot = window.slot_of(req.req_pool_idx) if st.window_since >= 0 else 0
-        return CompactionItem(req.req_pool_idx, st.c0, thinking, st.n_stored, st.n_stored == 0,
-                              slot, k, tail=tail)
+        return thinking, k, req.kv_committed_len - st.c0 - thinking

@@ -142,6 +142,26 @@ def compare_spans(stock: Dict, zipage: Dict, spans: List[List[float]]) -> List[D
     return rows
 
 
+def turnover_s(run: Dict) -> Optional[float]:
+    """When the run's first running set has turned over once: the first sample at which the
+    requests finished since the load started reach the number that ran just before the first
+    of them finished (the first wave, all admitted at once, has left). None if that never
+    happens before the window end. A span that starts later is "long-run": requests of every
+    age run in it, not only the first wave's."""
+    end = (run.get("load") or {}).get("window_end_s", float("inf"))
+    samples = [x for x in run.get("samples") or [] if x.get("t_s") is not None
+               and 0 <= x["t_s"] <= end and x.get("finished_requests") is not None]
+    if not samples:
+        return None
+    f0, first_wave = samples[0]["finished_requests"], None
+    for x in samples:
+        if x["finished_requests"] == f0:
+            first_wave = x.get("running_reqs")
+        elif first_wave and x["finished_requests"] - f0 >= first_wave:
+            return x["t_s"]
+    return None
+
+
 def default_spans(stock: Dict) -> List[List[float]]:
     """The whole load and the window."""
     load = stock.get("load") or {}
@@ -213,6 +233,11 @@ def throughput_row(merged: Dict, source: str) -> Dict:
 
     stock, zipage = engine(engines["stock"]), engine(engines["zipage"])
     zipage_cmd = zipage["server_command"]
+    turns = {name: turnover_s(engines[name]) for name in ("stock", "zipage")}
+    stock["turnover_s"], zipage["turnover_s"] = turns["stock"], turns["zipage"]
+    backends = {(engines[name]["server"].get("info") or {}).get("attention_backend")
+                for name in ("stock", "zipage")}
+    floor = flag_value(zipage_cmd, "--zipage-min-kv-budget", None)
     return dict(
         load=f"poisson:rate={load['request_rate']:g}:output_len={load['output_len']}",
         spec=dict(name="poisson", num_requests=load["num_prompts"], input_len=load["input_len"],
@@ -225,6 +250,11 @@ def throughput_row(merged: Dict, source: str) -> Dict:
         stock=stock, zipage=zipage, stock_output_tok_s=stock["output_tok_s"],
         zipage_output_tok_s=zipage["output_tok_s"], ratio=merged["output_tok_s_ratio"],
         compaction_share=zipage["compaction_share"], regime="steady-state",
+        # long-run: the window starts after stock's first running set turned over
+        span=("long-run" if turns["stock"] is not None and stock["window_start_s"] >= turns["stock"]
+              else "first-wave"),
+        attention_backend=backends.pop() if len(backends) == 1 else sorted(map(str, backends)),
+        **({"zipage_min_kv_budget": int(floor)} if floor else {}),
         output_len=load["output_len"], source=f"{source} (time series, spans, notes)",
         device_command=merged.get("device_command"), caveat=merged.get("caveat"),
         spans=merged.get("spans"))

@@ -22,11 +22,6 @@ def request(output, answer_budget=None, prompt=20, kv_len=None, idx=100):
                            kv_committed_len=kv_len, req_pool_idx=3, decode_batch_idx=idx)
 
 
-class Window:
-    def slot_of(self, rpi):
-        return 5
-
-
 def test_find_the_marker_from_where_the_last_scan_stopped():
     assert find([1, 9, 8, 7, 2], MARKER) == 1 and find([9, 8, 1, 9, 8, 7], MARKER, 1) == 3
     assert find([9, 8], MARKER) == -1 and find([1, 9, 8, 7], MARKER, 2) == -1
@@ -43,19 +38,18 @@ def test_the_thinking_segment_compacts_once_down_to_the_answer_budget_keeping_th
     st = ReqState(c0=16, answer_col=16 + 70, window_since=90)  # 70 thinking columns
     seg = Segments(answer_budget=32)
     req = request([], kv_len=16 + 70 + 12, idx=100)
-    assert seg.answer_item(req, st, budget, 1, Window(), stats) is None  # window filling
+    assert seg.answer_cut(req, st, budget, 1, stats) is None  # window filling
     req.decode_batch_idx = 106
-    item = seg.answer_item(req, st, budget, 1, Window(), stats)
-    assert (item.c0, item.suffix, item.kv_budget, item.tail, item.window_slot) == (16, 70, 32, 12, 5)
-    assert st.answer_done and seg.answer_item(req, st, budget, 1, Window(), stats) is None
+    # (thinking columns, kept, answer columns behind them)
+    assert seg.answer_cut(req, st, budget, 1, stats) == (70, 32, 12)
+    assert st.answer_done and seg.answer_cut(req, st, budget, 1, stats) is None
     # no answer budget: the thinking segment stays unless it outgrew its limit
     st = ReqState(c0=16, answer_col=16 + 70)
-    assert Segments().answer_item(request([], kv_len=200), st, budget, 1, Window(), stats) is None
+    assert Segments().answer_cut(request([], kv_len=200), st, budget, 1, stats) is None
     assert st.answer_done
     st = ReqState(c0=0, answer_col=500)  # grown past the limit (elastic): down to the budget
-    item = Segments().answer_item(request([], kv_len=520), st, budget, 16, Window(), stats)
-    assert (item.suffix, item.kv_budget, item.tail, item.window_slot) == (496, 64, 24, 0)
+    assert Segments().answer_cut(request([], kv_len=520), st, budget, 16, stats) == (496, 64, 24)
     assert stats["answer_compactions"] == 2
     # a request's own answer budget of 0 turns the last compaction off
     st = ReqState(c0=16, answer_col=16 + 70)
-    assert seg.answer_item(request([], 0, kv_len=100), st, budget, 1, Window(), stats) is None
+    assert seg.answer_cut(request([], 0, kv_len=100), st, budget, 1, stats) is None

@@ -104,3 +104,48 @@ def test_a_merged_file_becomes_one_steady_state_row_of_the_results(tmp_path):
     assert row["zipage"]["commit"] == "0123456" and row["spec"]["num_requests"] == 64
     assert row["stock"]["bench_serving"] == {"completed": 7}
     assert row["source"].startswith("steady-tiny.json")
+
+
+def wave_samples(finished_at, running):
+    """One sample a second from t=0 to 40; ``running(t)`` requests run."""
+    return [{"t_s": float(t), "finished_requests": 2 + sum(1 for f in finished_at if f <= t),
+             "running_reqs": running(t)} for t in range(0, 41)]
+
+
+def test_the_first_running_set_turns_over_when_as_many_finished_as_it_held():
+    # three run from the start; they finish at 10, 12 and 15 while others join
+    run = {"load": {"window_end_s": 40.0},
+           "samples": wave_samples([10, 12, 15, 30], lambda t: 3 if t < 10 else 5)}
+    assert merge.turnover_s(run) == 15.0
+    # before the window end only: a run cut there has not turned over
+    assert merge.turnover_s({**run, "load": {"window_end_s": 14.0}}) is None
+    # a set whose requests never finish within the samples
+    assert merge.turnover_s({"load": {}, "samples": wave_samples([], lambda t: 4)}) is None
+
+
+def test_a_row_is_long_run_when_its_window_starts_after_stocks_turnover(tmp_path):
+    files = []
+    for name, tok_s, flags in (("stock", 100.0, "--zipage-disable"),
+                               ("zipage", 150.0, "--zipage-min-kv-budget 1024")):
+        doc = {"load": {"window_start_s": 20.0, "window_end_s": 40.0, "num_prompts": 64,
+                        "request_rate": 8.0, "input_len": 512, "output_len": 8192},
+               "samples": wave_samples([5, 8, 11, 18], lambda t: 2 if t < 5 else 4),
+               "engine": name, "status": "done", "command": f"run {name}", "commit": "0",
+               "bench_serving": {},
+               "window": {"output_tok_s": tok_s, "start_s": 20.0, "end_s": 40.0},
+               "server": {"command": f"python -m sglang_zipage.launch_server {flags}",
+                          "info": {"attention_backend": "flashinfer"}}}
+        files.append(tmp_path / f"{name}.json")
+        files[-1].write_text(json.dumps(doc))
+    merged, results = tmp_path / "m.json", tmp_path / "throughput.json"
+    merge.merge_steady([str(f) for f in files], str(merged))
+    results.write_text(json.dumps({"loads": []}))
+    row = merge.add_row(str(merged), str(results))
+    assert row["stock"]["turnover_s"] == 8.0  # two ran before the first finish at 5
+    assert (row["span"], row["attention_backend"], row["zipage_min_kv_budget"]) == (
+        "long-run", "flashinfer", 1024)
+    late = json.loads(files[0].read_text())
+    late["samples"] = wave_samples([5, 30], lambda t: 2 if t < 5 else 4)  # turns over at 30
+    files[0].write_text(json.dumps(late))
+    merge.merge_steady([str(f) for f in files], str(merged))
+    assert merge.add_row(str(merged), str(results))["span"] == "first-wave"
