@@ -35,3 +35,22 @@ def test_paged_kv_on_cpu_runs_sglang_triton_allocator_in_the_interpreter(monkeyp
     assert "TRITON_INTERPRET" not in os.environ
     set_process_env("cpu", 16)
     assert os.environ["TRITON_INTERPRET"] == "1"
+
+
+def test_the_engines_startup_checks_run_without_starting_it():
+    """engine.checked: what Engine(...) would refuse, or its server arguments, with nothing
+    started (benchmarks/coverage.py asks it before spending an engine start on a row)."""
+    import pytest
+
+    from sglang_zipage.engine import checked
+    from sglang_zipage.harness.engines import MODELS
+
+    common = dict(load_format="dummy", skip_tokenizer_init=True)
+    with pytest.raises(ValueError, match="--attention-backend fa3.*--zipage-disable"):
+        checked(model_path=os.path.join(MODELS, "deepseek-v3"), attention_backend="fa3",
+                page_size=64, **common)
+    with pytest.raises(ValueError, match="zipage"):  # the config's own checks come first
+        checked(model_path=os.path.join(MODELS, "qwen3-8b-dummy"), zipage_kv_budget=-1, **common)
+    server_args, config = checked(model_path=os.path.join(MODELS, "qwen3-8b-dummy"),
+                                  zipage_kv_budget=512, **common)
+    assert config.kv_budget == 512 and server_args.device == "cpu"
