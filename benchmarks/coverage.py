@@ -46,13 +46,13 @@ import time
 import traceback
 from concurrent.futures import ThreadPoolExecutor
 
+from sglang_zipage import segments
 from sglang_zipage.harness import probe
 from sglang_zipage.harness.engines import (MODELS, dummy_engine_kwargs, model_config, vocab_size,
                                            zipage_kwargs)
 from sglang_zipage.harness.record import command_line, git_commit, gpu_name, write_json
 from sglang_zipage.harness.server import STRICT_CHECKS_ENV
 from sglang_zipage.repetition import LoopGuard
-from sglang_zipage import segments
 
 PROMPT, SHORT_OUT, LONG_OUT, N_SHORT, N_LONG = 200, 48, 900, 4, 16
 ANSWER_BUDGET = 128  # the think-segment batch's zipage_answer_budget (legal on every page)
@@ -223,9 +223,9 @@ def compressed_ok(requests, out, budget, buffer):
 
 def answers_ok(answers, layout, page):
     """Think segments: where a request's marker was written, everything from it on is still
-    in its KV at the end (kv_len >= prompt + the answer's written columns) and its thinking
-    segment went down to the answer budget (a page of slack); some marker was found, except
-    on hybrid sliding-window pools, where segments are off (runtime._segments)."""
+    in its KV at the end (kv_len >= prompt + the answer's written columns) and what it kept
+    of the thinking is at most the answer budget + a page; some marker was found, except on
+    hybrid sliding-window pools, where segments are off (runtime._segments)."""
     found = [a for a in answers if a["marker_at"] >= 0]
     ev = {"markers_found": len(found), "requests": len(answers),
           "answer_tokens": sorted(a["tokens"] - a["marker_at"] for a in found)}
