@@ -12,13 +12,17 @@ benchmarks/models/ (public dimensions, ``layers`` layers, dummy weights seeded a
 CUDA graphs and the overlap scheduler on, SGLang's strict memory checker on:
   short     4 prompts of 200 random ids, 48 greedy tokens, one batch (never compresses):
             output ids equal stock's
-  compress  16 prompts x 200 ids x 900 greedy tokens, one batch: every request reaches 900
+  compress  16 prompts x 200 ids x 900 tokens sampled at temperature 1 (greedy decoding on
+            dummy weights loops within a few tokens, and the loop guard would raise every
+            budget), one batch: every request reaches 900
             tokens and compacted at least once per buffer after the first limit (once, if
-            the loop guard raised its budget: dummy weights often loop), and no suffix
-            outgrew budget + buffer (the raised budget's) (DeepSeek-V3: a second batch at
-            a per-request budget of 2048, 16 x 2600 tokens)
-  answers   the compress batch's prompts again, each with a think-end marker (issue 31)
-            taken from its own output (think_markers) and zipage_answer_budget 128: where
+            the loop guard raised its budget), and no suffix outgrew budget + buffer (the
+            raised budget's) (DeepSeek-V3: a second batch at a per-request budget of 2048,
+            16 x 2600 tokens)
+  answers   the compress batch's prompts again, sampled, each with a think-end marker
+            (issue 31): a token a logit bias makes it write about once per 450 tokens
+            (think_marker_params), so that it first comes at a random point, and
+            zipage_answer_budget 128: where
             the marker was written, every token from it on is still in the request's KV at
             the end, and what it kept of the thinking before it is at most the answer budget
   memory    zipage's buffers (memory_bytes of /server_info) take at most 3% of the pool
@@ -37,6 +41,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import random
 import subprocess
@@ -56,6 +61,7 @@ from sglang_zipage.repetition import LoopGuard
 
 PROMPT, SHORT_OUT, LONG_OUT, N_SHORT, N_LONG = 200, 48, 900, 4, 16
 ANSWER_BUDGET = 128  # the think-segment batch's zipage_answer_budget (legal on every page)
+MARKER_EVERY = 450  # tokens per think-end marker written, on average (think_marker_params)
 
 # name -> (folder, layers, kv_budget, buffer). Layer counts keep each family's mix of layer
 # kinds (Gemma 3: 5 sliding + 1 global; gpt-oss: sliding/full alternate; DeepSeek: 1 dense +
@@ -150,18 +156,17 @@ def per_request(outs):
     return [{short: o["meta_info"].get(k) for k, short in keys.items()} for o in outs]
 
 
-def think_markers(outs, lo=300, hi=600):
-    """Per request of the compress batch, a think-end marker from its own greedy output: a
-    token it first writes at an index in [lo, hi), so that the thinking before it outgrew the
-    budget and the answer after it outgrows the limit; where none is new there (dummy weights
-    often loop), the token at ``lo``, whose first occurrence is earlier: then the whole output
-    is the answer, and must all stay."""
-    marks = []
-    for o in outs:
-        ids = o["output_ids"]
-        j = next((j for j in range(lo, min(hi, len(ids))) if ids[j] not in ids[:j]), lo)
-        marks.append([ids[j]])
-    return marks
+def think_marker_params(row, i):
+    """Request i's think-end marker (token 50 + i, never in a prompt) and a logit bias that
+    makes a sampled output write it about once per MARKER_EVERY tokens where the dummy
+    weights' next-token distribution is near uniform: it first comes at a random point, often
+    past the request's first compactions (then its thinking is compacted to the answer
+    budget) with an answer longer than the limit after it (then an evicted answer token
+    would show)."""
+    vocab = vocab_size(os.path.join(MODELS, FAMILIES[row["family"]][0]))
+    token = 50 + i
+    return {"zipage_think_end": [token], "zipage_answer_budget": ANSWER_BUDGET,
+            "logit_bias": {str(token): math.log(vocab / MARKER_EVERY)}}
 
 
 def run_engine(row, stock):
@@ -177,26 +182,26 @@ def run_engine(row, stock):
     res["start_s"] = round(time.perf_counter() - t0, 1)
     try:
         greedy = lambda n, **kw: {"max_new_tokens": n, "temperature": 0, "ignore_eos": True, **kw}  # noqa: E731
+        sampled = lambda n, **kw: greedy(n, temperature=1.0, **kw)  # noqa: E731
         outs = eng.generate(input_ids=prompts(row, N_SHORT, 1), sampling_params=greedy(SHORT_OUT))
         res["short"] = [o["output_ids"] for o in outs]
         if not stock:
             long_prompts = prompts(row, N_LONG, 2)
             t1 = time.perf_counter()
-            outs = eng.generate(input_ids=long_prompts, sampling_params=greedy(LONG_OUT))
+            outs = eng.generate(input_ids=long_prompts, sampling_params=sampled(LONG_OUT))
             res["compress_s"] = round(time.perf_counter() - t1, 1)
             res["requests"] = per_request(outs)
-            # the same prompts again, each with a think-end marker its first output wrote
-            # (per-request zipage_think_end as token ids) and an answer budget
-            marks = think_markers(outs)
-            outs = eng.generate(input_ids=long_prompts, sampling_params=[
-                greedy(LONG_OUT, zipage_think_end=m, zipage_answer_budget=ANSWER_BUDGET)
-                for m in marks])
-            res["answers"] = [{**r, "marker_at": segments.find(o["output_ids"], m)}
+            # the same prompts again, each with a think-end marker (per-request
+            # zipage_think_end as token ids) and an answer budget
+            marks = [think_marker_params(row, i) for i in range(N_LONG)]
+            outs = eng.generate(input_ids=long_prompts,
+                                sampling_params=[sampled(LONG_OUT, **m) for m in marks])
+            res["answers"] = [{**r, "marker_at": segments.find(o["output_ids"], m["zipage_think_end"])}
                               for r, o, m in zip(per_request(outs), outs, marks)]
             if row["family"] in LARGE_BUDGET:
                 budget, out = LARGE_BUDGET[row["family"]]
                 outs = eng.generate(input_ids=prompts(row, N_LONG, 3),
-                                    sampling_params=greedy(out, zipage_kv_budget=budget))
+                                    sampling_params=sampled(out, zipage_kv_budget=budget))
                 res["large_budget"] = {"kv_budget": budget, "output": out,
                                        "requests": per_request(outs)}
             res["zipage"] = probe.zipage_state(eng)
@@ -228,6 +233,7 @@ def answers_ok(answers, layout, page):
     hybrid sliding-window pools, where segments are off (runtime._segments)."""
     found = [a for a in answers if a["marker_at"] >= 0]
     ev = {"markers_found": len(found), "requests": len(answers),
+          "marker_at": sorted(a["marker_at"] for a in found),
           "answer_tokens": sorted(a["tokens"] - a["marker_at"] for a in found)}
     if layout == "hybrid-swa":
         return True, {**ev, "segments": "off on the hybrid sliding-window pool"}
