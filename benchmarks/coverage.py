@@ -156,17 +156,16 @@ def per_request(outs):
     return [{short: o["meta_info"].get(k) for k, short in keys.items()} for o in outs]
 
 
-def think_marker_params(row, i):
-    """Request i's think-end marker (token 50 + i, never in a prompt) and a logit bias that
-    makes a sampled output write it about once per MARKER_EVERY tokens where the dummy
-    weights' next-token distribution is near uniform: it first comes at a random point, often
-    past the request's first compactions (then its thinking is compacted to the answer
+def think_marker_params(row, n):
+    """Per request i of n, its think-end marker (token 50 + i, never in a prompt) and a logit
+    bias that makes a sampled output write it about once per MARKER_EVERY tokens where the
+    dummy weights' next-token distribution is near uniform: it first comes at a random point,
+    often past the request's first compactions (then its thinking is compacted to the answer
     budget) with an answer longer than the limit after it (then an evicted answer token
     would show)."""
-    vocab = vocab_size(os.path.join(MODELS, FAMILIES[row["family"]][0]))
-    token = 50 + i
-    return {"zipage_think_end": [token], "zipage_answer_budget": ANSWER_BUDGET,
-            "logit_bias": {str(token): math.log(vocab / MARKER_EVERY)}}
+    bias = math.log(vocab_size(os.path.join(MODELS, FAMILIES[row["family"]][0])) / MARKER_EVERY)
+    return [{"zipage_think_end": [50 + i], "zipage_answer_budget": ANSWER_BUDGET,
+             "logit_bias": {str(50 + i): bias}} for i in range(n)]
 
 
 def run_engine(row, stock):
@@ -193,7 +192,7 @@ def run_engine(row, stock):
             res["requests"] = per_request(outs)
             # the same prompts again, each with a think-end marker (per-request
             # zipage_think_end as token ids) and an answer budget
-            marks = [think_marker_params(row, i) for i in range(N_LONG)]
+            marks = think_marker_params(row, N_LONG)
             outs = eng.generate(input_ids=long_prompts,
                                 sampling_params=[sampled(LONG_OUT, **m) for m in marks])
             res["answers"] = [{**r, "marker_at": segments.find(o["output_ids"], m["zipage_think_end"])}
@@ -213,11 +212,23 @@ def run_engine(row, stock):
     return res
 
 
+def outcome(requests):
+    """What a batch's requests came to: their lengths and compaction counts, each distinct."""
+    return {"lengths": sorted({r["tokens"] for r in requests}),
+            "request_compactions": sorted({r["compactions"] for r in requests})}
+
+
+def expected_compactions(out, budget, buffer):
+    """Compactions of a request that writes ``out`` tokens at a budget it keeps: one when its
+    suffix first reaches the limit, then one per buffer."""
+    return (out - budget - buffer) // buffer + 1
+
+
 def compressed_ok(requests, out, budget, buffer):
     """Every request wrote ``out`` tokens and compacted once per buffer after its limit; one
     the loop guard raised (its budget x 2 per trigger, at most 4x) at least once, before the
     guard could watch it. Returns (ok, the largest limit any request had)."""
-    want = (out - budget - buffer) // buffer + 1
+    want = expected_compactions(out, budget, buffer)
     ok, limit = True, budget + buffer
     for r in requests:
         boost = min(LoopGuard.max_boost, 2 ** (r["loop_guard"] or 0))
@@ -267,12 +278,11 @@ def judge(row, stock, zipage):
           "zipage_over_stock_start_s": round(zipage["start_s"] - stock["start_s"], 1),
           "warm_up_s": z.get("warm_up_s"), "memory": mem,
           "startup_time": {"stock": stock.get("startup_time"), "zipage": zipage.get("startup_time")},
-          "compress_s": zipage["compress_s"], "lengths": sorted({r["tokens"] for r in reqs}),
-          "request_compactions": sorted({r["compactions"] for r in reqs}),
+          "compress_s": zipage["compress_s"], **outcome(reqs),
           "loop_guard": {"requests_raised": sum(bool(r["loop_guard"]) for r in reqs),
                          "triggers": z.get("loop_guard_triggers")},
           "compactions": z.get("compactions"), "max_suffix_tokens": z.get("max_suffix_tokens"),
-          "expected_compactions_per_request": (LONG_OUT - budget - buffer) // buffer + 1,
+          "expected_compactions_per_request": expected_compactions(LONG_OUT, budget, buffer),
           "think_segments": answers, "short_equal_stock": first_diff is None,
           "short_first_diff_request": first_diff, "layout": layout}
     ok = (ev["short_equal_stock"] and compress_ok and answers_pass
@@ -283,8 +293,7 @@ def judge(row, stock, zipage):
                                               large["kv_budget"], buffer)
         ev["large_budget"] = {
             "kv_budget": large["kv_budget"], "output": large["output"],
-            "lengths": sorted({r["tokens"] for r in large["requests"]}),
-            "request_compactions": sorted({r["compactions"] for r in large["requests"]}),
+            **outcome(large["requests"]),
             "kv_len": max(r["kv_len"] for r in large["requests"])}
         ok, limit = ok and large_ok, max(limit, large_limit)
     ev["limit"] = limit
