@@ -111,7 +111,8 @@ PROM_COUNTERS = {
     "finished_requests": ("sglang:num_requests_total", {}),
 }
 ZIPAGE_KEYS = ("compactions", "pressure_compactions", "compaction_batches", "compaction_gpu_ms",
-               "compaction_ms", "tokens_evicted", "running_compressed_requests")
+               "compaction_ms", "tokens_evicted", "running_compressed_requests",
+               "squeezed_compactions", "loop_guard_triggers")
 NOTES = {
     "output_tok_s": "sglang:realtime_tokens_total{mode=decode} difference / window span: "
                     "every output token but each request's first (made by its prefill)",
@@ -147,6 +148,11 @@ def parse_args(argv: List[str]):
     a("--range-ratio", type=float, default=1.0, help="bench_serving --random-range-ratio")
     a("--max-concurrency", type=int, default=None, help="bench_serving's in-flight cap")
     a("--seed", type=int, default=1, help="bench_serving --seed")
+    a("--temperature", type=float, default=1.0,
+      help="sampling temperature of every request (bench_serving's sglang client sends its "
+           "args.temperature, 0 unless set, which its CLI does not expose): greedy outputs "
+           "of dummy weights repeat a few tokens forever, and the loop guard (on by default) "
+           "then raises every budget to 4x, a dummy-weight artifact; sampled ones do not")
     a("--bench-serving-args", default="", help="more bench_serving flags, one string")
     a("--stream-interval", type=int, default=8, help="server: tokens per streamed chunk")
     a("--window-start-s", type=float, default=300.0, help="after the load started")
@@ -164,6 +170,8 @@ def parse_args(argv: List[str]):
     a("--add-row", nargs=2, metavar=("MERGED", "RESULTS"), help="put a merged file's numbers "
       "into a bench_throughput result file as its steady-state row (e.g. "
       "results/steady-8k-h200.json results/throughput-h200.json)")
+    a("--long-run", action="store_true", help="with --merge: both windows from stock's "
+      "turnover to the earlier window end (runs of one engine per session)")
     a("--spans", default=None, help="with --merge: spans (s after the load started) to compare "
       "both engines over besides the window, e.g. 0-480,60-270 (default: the whole load and "
       "the window)")
@@ -219,9 +227,10 @@ def bench_serving_argv(args, url: str, tokenizer_dir: str, report_path: str) -> 
     return argv + shlex.split(args.bench_serving_args)
 
 
-def start_bench_serving(bench_argv: List[str], t0_file: str, stop_after_s: float, log_path: str):
+def start_bench_serving(bench_argv: List[str], t0_file: str, stop_after_s: float, log_path: str,
+                        temperature: float):
     cmd = [sys.executable, os.path.abspath(__file__), CHILD, "--t0-file", t0_file,
-           "--stop-after-s", str(stop_after_s), "--", *bench_argv]
+           "--stop-after-s", str(stop_after_s), "--temperature", str(temperature), "--", *bench_argv]
     log("bench_serving: " + " ".join(shlex.quote(c) for c in cmd))
     return subprocess.Popen(cmd, stdout=open(log_path, "w"), stderr=subprocess.STDOUT,
                             env={**os.environ, **OFFLINE_ENV}, cwd=REPO)
@@ -254,15 +263,27 @@ def tokens_required(request_func):
     return wrapped
 
 
+def with_temperature(run_benchmark, temperature: float):
+    """bench_serving's run_benchmark with its args' temperature set (its sglang client reads
+    args.temperature; run_benchmark sets 0 only where it is missing)."""
+    def run(args_):
+        args_.temperature = temperature
+        return run_benchmark(args_)
+    return run
+
+
 def bench_serving_child(argv: List[str]) -> None:
-    """``steady_state.py bench-serving-child --t0-file F --stop-after-s S -- BENCH_SERVING_ARGS``"""
+    """``steady_state.py bench-serving-child --t0-file F --stop-after-s S --temperature T --
+    BENCH_SERVING_ARGS``"""
     split = argv.index("--")
     p = argparse.ArgumentParser(prog=f"steady_state.py {CHILD}")
     p.add_argument("--t0-file", required=True)
     p.add_argument("--stop-after-s", type=float, required=True)
+    p.add_argument("--temperature", type=float, required=True)
     own = p.parse_args(argv[:split])
     from sglang.benchmark import serving
 
+    serving.run_benchmark = with_temperature(serving.run_benchmark, own.temperature)
     serving.get_request = arrivals_until(serving.get_request, own.t0_file, own.stop_after_s)
     for backend in ("sglang", "sglang-native"):
         serving.ASYNC_REQUEST_FUNCS[backend] = tokens_required(serving.ASYNC_REQUEST_FUNCS[backend])
@@ -304,6 +325,7 @@ class Run:
                         load=dict(num_prompts=args.num_prompts, request_rate=args.request_rate,
                                   input_len=args.input_len, output_len=args.output_len,
                                   range_ratio=args.range_ratio, max_concurrency=args.max_concurrency,
+                                  temperature=args.temperature,
                                   seed=args.seed, window_start_s=args.window_start_s,
                                   window_end_s=args.window_end_s),
                         server={}, window=None, samples=[], bench_serving=None)
@@ -329,7 +351,7 @@ class Run:
                                         os.path.join(self.work, "tokenizer"), self.report_path)
         self.doc["load"]["bench_serving_argv"] = bench_argv
         self.child = start_bench_serving(bench_argv, self.t0_file, self.args.window_end_s,
-                                         self.base + "-bench_serving.log")
+                                         self.base + "-bench_serving.log", self.args.temperature)
         deadline = time.time() + self.args.load_start_timeout_s
         while not os.path.exists(self.t0_file):
             self.check_alive(child_may_end=False)
@@ -460,7 +482,7 @@ def main(argv: Optional[List[str]] = None) -> None:
         return
     args, extra_flags = parse_args(argv)
     if args.merge:
-        merge_steady(args.merge, args.out, parse_spans(args.spans))
+        merge_steady(args.merge, args.out, parse_spans(args.spans), args.long_run)
         return
     if args.add_row:
         add_row(*args.add_row)

@@ -125,13 +125,15 @@ def compare(stock: Dict, zipage: Dict) -> Dict:
     return out
 
 
+def until_abort(run: Dict) -> List[Dict]:
+    """The run's samples up to its window end (later ones see the abort: all "finished")."""
+    end = (run.get("load") or {}).get("window_end_s", float("inf"))
+    return [x for x in run.get("samples") or [] if x.get("t_s") is not None and x["t_s"] <= end]
+
+
 def compare_spans(stock: Dict, zipage: Dict, spans: List[List[float]]) -> List[Dict]:
     """Both engines over other spans of the same runs (the window is one span of a run that
     may move in waves; these say how much the ratio depends on where it is taken)."""
-    def until_abort(run):  # samples after the window end see the abort (all "finished")
-        end = (run.get("load") or {}).get("window_end_s", float("inf"))
-        return [x for x in run.get("samples") or [] if x.get("t_s") is not None and x["t_s"] <= end]
-
     samples = [until_abort(stock), until_abort(zipage)]
     rows = []
     for start, end in spans:
@@ -162,6 +164,24 @@ def turnover_s(run: Dict) -> Optional[float]:
     return None
 
 
+LONG_RUN_RULE = ("both windows from stock's turnover (turnover_s) to the earlier window end, "
+                 "set by the merge: runs of one engine per session cannot know it in advance")
+
+
+def long_run_windows(engines: Dict[str, Dict]) -> float:
+    """Move every engine's window to [stock's turnover, the earliest window end] (the rule
+    fixed before the runs: the window starts once stock's first running set has left);
+    the window each run measured stays as "window_as_run". Returns the start."""
+    start = turnover_s(engines["stock"])
+    end = min(e["load"]["window_end_s"] for e in engines.values())
+    if start is None or start >= end:
+        raise SystemExit(f"no long-run window: stock turned over at {start}, windows end at {end} s")
+    for e in engines.values():
+        e.setdefault("window_as_run", e["window"])
+        e["window"] = steady_window([x for x in until_abort(e) if x["t_s"] >= start], start, end)
+    return start
+
+
 def default_spans(stock: Dict) -> List[List[float]]:
     """The whole load and the window."""
     load = stock.get("load") or {}
@@ -176,8 +196,10 @@ def parse_spans(text: Optional[str]) -> Optional[List[List[float]]]:
     return [[float(x) for x in part.split("-")] for part in text.split(",")]
 
 
-def merge_steady(paths: List[str], out: str, spans: Optional[List[List[float]]] = None) -> Dict:
-    """Single-engine files (or merged ones, whose engines are taken again) side by side."""
+def merge_steady(paths: List[str], out: str, spans: Optional[List[List[float]]] = None,
+                 long_run: bool = False) -> Dict:
+    """Single-engine files (or merged ones, whose engines are taken again) side by side;
+    ``long_run``: over the long-run window (``long_run_windows``) instead of each run's own."""
     sources = []  # (path, single-engine doc)
     for p in paths:
         d = json.load(open(p))
@@ -193,6 +215,10 @@ def merge_steady(paths: List[str], out: str, spans: Optional[List[List[float]]] 
                                  commit=d.get("commit"), status=d.get("status"))
                             for p, d in sources],
                summary=[steady_summary(d) for d in docs], engines=engines)
+    if long_run:
+        res["window_rule"] = LONG_RUN_RULE
+        long_run_windows(engines)
+        res["summary"] = [steady_summary(d) for d in docs]
     if "stock" in engines and "zipage" in engines:
         res["comparison"] = compare(engines["stock"], engines["zipage"])
         res["output_tok_s_ratio"] = res["comparison"]["window.output_tok_s"]["ratio"]

@@ -23,7 +23,8 @@ from sglang_zipage.harness import probe
 # the zipage window of a steady-state result (steady_state.py)
 STEADY_ZIPAGE_KEYS = ("compactions", "compactions_per_s", "pressure_compactions",
                       "compaction_gpu_ms", "compaction_share", "compaction_launch_share",
-                      "tokens_evicted", "mean_compressed_running_reqs")
+                      "tokens_evicted", "mean_compressed_running_reqs", "squeezed_compactions",
+                      "loop_guard_triggers")
 
 
 def log(*a) -> None:
@@ -158,6 +159,8 @@ class Window:
         ms = self.span * 1e3
         return dict(compactions=d("compactions"), compactions_per_s=rnd(d("compactions") / self.span),
                     pressure_compactions=d("pressure_compactions"),
+                    squeezed_compactions=d("squeezed_compactions"),
+                    loop_guard_triggers=d("loop_guard_triggers"),
                     compaction_ms=rnd(d("compaction_ms"), 1),
                     compaction_gpu_ms=rnd(d("compaction_gpu_ms"), 1),
                     compaction_share=rnd(d("compaction_gpu_ms") / ms, 4),

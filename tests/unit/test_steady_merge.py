@@ -4,6 +4,8 @@ count. Spans, re-merging and the steady-state row of the throughput table."""
 
 import json
 
+import pytest
+
 from sglang_zipage.harness import merge
 from sglang_zipage.harness.windows import steady_window
 
@@ -149,3 +151,31 @@ def test_a_row_is_long_run_when_its_window_starts_after_stocks_turnover(tmp_path
     files[0].write_text(json.dumps(late))
     merge.merge_steady([str(f) for f in files], str(merged))
     assert merge.add_row(str(merged), str(results))["span"] == "first-wave"
+
+
+def test_long_run_windows_start_at_stocks_turnover_in_both_runs(tmp_path):
+    """Runs of one engine per session: the merge moves both windows to [stock's turnover, the
+    earlier window end]; the windows the runs measured stay beside them."""
+    files = []
+    for name, tok_s, finished_at, end in (("stock", 100.0, [12, 26, 27], 40),
+                                          ("zipage", 150.0, [5, 8, 9], 36)):
+        doc = {**engine_run(tok_s, finished_at), "engine": name, "status": "done",
+               "command": f"run {name}", "bench_serving": {}}
+        doc["load"]["window_end_s"] = float(end)
+        doc["samples"] = [x for x in doc["samples"] if x["t_s"] <= end]
+        for x in doc["samples"]:  # two ran until the first finish, then 10
+            x["running_reqs"] = 2 if x["t_s"] < finished_at[0] else 10
+        doc["window"] = steady_window(doc["samples"], 20.0, float(end))
+        files.append(tmp_path / f"{name}.json")
+        files[-1].write_text(json.dumps(doc))
+    res = merge.merge_steady([str(f) for f in files], str(tmp_path / "m.json"), long_run=True)
+    stock, zipage = res["engines"]["stock"], res["engines"]["zipage"]
+    assert merge.turnover_s(stock) == 26.0  # two ran before the first finish at 12
+    assert (stock["window"]["start_s"], stock["window"]["end_s"]) == (26.0, 36.0)
+    assert (zipage["window"]["start_s"], zipage["window"]["end_s"]) == (26.0, 36.0)
+    assert stock["window_as_run"]["start_s"] == 20.0 and res["window_rule"] == merge.LONG_RUN_RULE
+    assert stock["window"]["finished"] == 1 and res["output_tok_s_ratio"] == 1.5
+    files[0].write_text(json.dumps({**json.loads(files[0].read_text()),
+                                    "samples": engine_run(100.0, [12])["samples"][:41]}))
+    with pytest.raises(SystemExit, match="no long-run window"):  # stock never turned over
+        merge.merge_steady([str(f) for f in files], str(tmp_path / "m.json"), long_run=True)
