@@ -36,10 +36,13 @@ Admission books what the running requests will hold, not each one's worst case:
   A2  when a step or a waiting request finds the pool short, running requests give tokens
       back before SGLang retracts any (``Budget.give_back``): first those past their limit,
       then those over their budget, down to their budget; then, with a budget range
-      (--zipage-min-kv-budget), the largest are squeezed down to their floor. A request is
-      retracted only when every running request sits at its floor.
+      (--zipage-min-kv-budget), the largest are squeezed down to their floor. At a decode
+      step, a request whose budget the loop guard raised (repetition.py) has the floor of its
+      own budget, not the raised one. A request is retracted only when every running request
+      sits at its floor.
   A3  a squeezed request's budget is its floor (so its limit, reserve and growth shrink)
-      until the pool leaves pressure; floor >= W + sink, page aligned, <= its budget.
+      until the pool leaves pressure, the loop guard's raise included; floor >= W + sink,
+      page aligned, <= its budget.
 
 Elastic mode has two states (``Pressure``): *room*, where requests keep their full KV, and
 *pressure*, entered when the pool ran short, where every request compresses at its limit as in
@@ -173,12 +176,12 @@ class Budgets:
     def of(self, own: Optional[int], boost: int = 1,
            squeezed_to: Optional[int] = None) -> Optional[Budget]:
         """own: the request's zipage_kv_budget, or None (the server's); 0: no compression.
-        boost: the loop guard's multiplier (repetition.py); squeezed_to: its floor while it
-        is squeezed (A3)."""
+        boost: the loop guard's multiplier (repetition.py); squeezed_to: its budget while
+        it is squeezed (A3), whatever the boost."""
         if own == 0:
             return None
         kv = self.server.kv_budget if own is None else max(own, self.least)
-        kv = (kv if squeezed_to is None else squeezed_to) * boost
+        kv = kv * boost if squeezed_to is None else squeezed_to
         if kv == self.server.kv_budget:
             return self.server
         if kv not in self._own:

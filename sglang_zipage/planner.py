@@ -63,7 +63,7 @@ class Planner:
     # ------------------------------------------------------ per request
     def budget_of(self, req) -> Optional[Budget]:
         """The request's budget: its own zipage_kv_budget, the server's, or None (off),
-        or its floor while it is squeezed (budget A3), times what the loop guard gave it."""
+        times what the loop guard gave it; or its floor while it is squeezed (budget A3)."""
         st = getattr(req, "zipage", None)
         if st is None:
             return self.budgets.of(request_options.of(req))

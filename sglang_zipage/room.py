@@ -5,8 +5,9 @@ pages (planner.Planner.step), and the first waiting request that does not fit be
 the running requests are booked for (``admit``, before SGLang's admission). Requests give
 back in budget.py's A2 order: past their limit, then over their budget (down to it), largest
 first; only if that is not enough, with a budget range, the largest are squeezed to their
-floor and keep it as their budget until the pressure ends (A3). What is still short is
-SGLang's to retract. Works on the planner's state; duck-types SGLang's ScheduleBatch and Req.
+floor and keep it as their budget until the pressure ends (A3); at a decode step (where SGLang
+would retract next) so are requests whose budget the loop guard raised, down to the floor of
+their own budget, range or not. What is still short is SGLang's to retract. Works on the planner's state; duck-types SGLang's ScheduleBatch and Req.
 """
 
 from __future__ import annotations
@@ -57,7 +58,8 @@ class Room:
                 if suffix >= budget.limit:
                     past.add(i)
             floor = p.budgets.floor(request_options.of(req), request_options.min_of(req))
-            kept = budget.squeeze_to(suffix, floor * st.loop_boost)
+            # where SGLang would retract next (early), the loop guard's raise goes back too
+            kept = budget.squeeze_to(suffix, floor if early else floor * st.loop_boost)
             if kept is not None:
                 squeeze[i] = (suffix - kept, kept)
         chosen, freed = {}, 0
@@ -84,7 +86,7 @@ class Room:
             st = req.zipage
             before_limit += i not in squeezed and i not in past
             if i in squeezed:
-                st.squeezed_to = chosen[i] // st.loop_boost  # A3: its budget until pressure ends
+                st.squeezed_to = chosen[i]  # A3: its budget until the pressure ends
         p.stats.squeezed(len(squeezed))
         p.stats.add("early_compactions", before_limit)
         items = [p.item(batch.reqs[i], batch.reqs[i].zipage,

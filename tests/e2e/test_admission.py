@@ -99,3 +99,26 @@ def test_soak_under_booking_and_squeeze_leaves_nothing_behind(server, tmp_path):
     assert res["leaked_slots"] == 0 and res["idle_after"]["idle"]
     assert res["healthy"]
     assert_healthy(server)
+
+
+def test_a_step_short_of_pages_takes_back_the_loop_guards_raise_before_retracting(server):
+    """Greedy outputs of the dummy model repeat themselves, so the loop guard raises the
+    budget of every compacted request (up to 4 x 64), past what admission booked for it: a
+    decode step then finds the pool short. No budget range here (the floor is the budget, as
+    by default), yet the raised requests give back down to it before SGLang retracts anything
+    (A2): every request completes, none retracted."""
+    server.idle_and_flushed()
+    before = server.zipage_state()
+    outs = server.generate_ids(_prompts(8, 7000), [
+        {"max_new_tokens": 700, "temperature": 0, "ignore_eos": True,
+         "zipage_min_kv_budget": 64}] * 8)
+    metas = [o["meta_info"] for o in outs]
+    after = server.zipage_state()
+    print({k: after[k] - before[k] for k in ("loop_guard_triggers", "squeezed_compactions",
+                                              "pressure_compactions")})
+    assert all(m["completion_tokens"] == 700 for m in metas)
+    assert sum(m["zipage_loop_guard"] for m in metas) >= 4, metas  # the raises happened
+    assert sum(m["num_retractions"] for m in metas) == 0, metas
+    assert after["squeezed_compactions"] > before["squeezed_compactions"]
+    assert "KV cache pool is full" not in server.log()
+    assert_healthy(server)

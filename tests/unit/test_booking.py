@@ -94,7 +94,8 @@ def test_the_floor_of_a_request():
     assert Budgets(Budget(64, 16, 16)).floor(None) == 64  # no range: the budget
     squeezed = budgets.of(None, squeezed_to=32)
     assert squeezed.kv_budget == 32 and squeezed.limit == 48  # A3: its budget while squeezed
-    assert budgets.of(None, boost=2, squeezed_to=32).kv_budget == 64
+    assert budgets.of(None, boost=2).kv_budget == 128  # the loop guard's raise ...
+    assert budgets.of(None, boost=2, squeezed_to=32).kv_budget == 32  # ... not while squeezed
     swa = Budgets(Budget(64, 16, 16), least_kv_budget=48, min_kv_budget=32)
     assert swa.floor(None) == 48  # the sliding window holds
 
