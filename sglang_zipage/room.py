@@ -7,7 +7,8 @@ back in budget.py's A2 order: past their limit, then over their budget (down to 
 first; only if that is not enough, with a budget range, the largest are squeezed to their
 floor and keep it as their budget until the pressure ends (A3); at a decode step (where SGLang
 would retract next) so are requests whose budget the loop guard raised, down to the floor of
-their own budget, range or not. What is still short is SGLang's to retract. Works on the planner's state; duck-types SGLang's ScheduleBatch and Req.
+their own budget, range or not. What is still short is SGLang's to retract. Works on the
+planner's state; duck-types SGLang's ScheduleBatch and Req.
 """
 
 from __future__ import annotations
