@@ -2,9 +2,10 @@
 # Steady state at full size for one output length: each run of $RUNS (default "stock
 # zipage"; zipage-minN adds --zipage-min-kv-budget N) in turn on one GPU, behind
 # benchmarks/steady_state.py (SGLang's bench_serving, Poisson arrivals above capacity, the
-# launcher's attention backend unless the flags name one: flashinfer), then merged. It runs in the background: start it with
-# setsid in one device call and read DIR/progress in the next ones (the machine stays held
-# while calls keep coming; each call has its own $OUT, so the polls copy DIR/*.json there):
+# launcher's attention backend unless the flags name one: flashinfer), then merged. It runs
+# in the background: start it with setsid in one device call and read DIR/progress in the
+# next ones (the machine stays held while calls keep coming; each call has its own $OUT, so
+# the polls copy DIR/*.json there):
 #   ZIPAGE_COMMIT=SHA source benchmarks/device_env.sh && mkdir -p /tmp/ss && setsid nohup \
 #     bash benchmarks/steady_pair.sh 8192 /tmp/ss SHA > /tmp/ss/pair.out 2>&1 < /dev/null &
 #   then, in back-to-back calls:  bash benchmarks/poll_progress.sh /tmp/ss 570
