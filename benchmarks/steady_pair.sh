@@ -1,8 +1,9 @@
 #!/bin/bash
 # Steady state at full size for one output length: each run of $RUNS (default "stock
 # zipage"; zipage-minN adds --zipage-min-kv-budget N) in turn on one GPU, behind
-# benchmarks/steady_state.py (SGLang's bench_serving, Poisson arrivals above capacity, the
-# launcher's attention backend unless the flags name one: flashinfer), then merged. It runs
+# benchmarks/steady_state.py (SGLang's bench_serving, Poisson arrivals above capacity,
+# flashinfer for both unless the flags name a backend: zipage's launcher default, while stock
+# SGLang picks fa3 on Hopper, which the device's bundle lacks), then merged. It runs
 # in the background: start it with setsid in one device call and read DIR/progress in the
 # next ones (the machine stays held while calls keep coming; each call has its own $OUT, so
 # the polls copy DIR/*.json there):
@@ -42,7 +43,7 @@ common=(--output-len "$len" --num-prompts 8000 --request-rate 8
         --window-start-s 300 --window-end-s 600
         --mem-fraction-static 0.85 --cuda-graph-max-bs-decode 512
         --disable-prefill-cuda-graph --zipage-kv-budget 2048 --zipage-buffer 256
-        --commit "$commit" "$@")
+        --attention-backend flashinfer --commit "$commit" "$@")
 one() {  # one run: stock, zipage, or zipage-minN (--zipage-min-kv-budget N)
   local name=$1 flags=(--engine "${1%%-min*}")
   [[ $name == *-min* ]] && flags+=(--zipage-min-kv-budget "${name##*-min}")

@@ -264,11 +264,13 @@ def throughput_row(merged: Dict, source: str) -> Dict:
     backends = {(engines[name]["server"].get("info") or {}).get("attention_backend")
                 for name in ("stock", "zipage")}
     floor = flag_value(zipage_cmd, "--zipage-min-kv-budget", None)
+    spread = load.get("range_ratio", 1.0)  # output lengths uniform in [spread x len, len]
     return dict(
-        load=f"poisson:rate={load['request_rate']:g}:output_len={load['output_len']}",
+        load=f"poisson:rate={load['request_rate']:g}:output_len={load['output_len']}"
+             + (f":range_ratio={spread:g}" if spread != 1.0 else ""),
         spec=dict(name="poisson", num_requests=load["num_prompts"], input_len=load["input_len"],
                   output_len=load["output_len"], shared_prefix_len=0, until="window",
-                  request_rate=load["request_rate"],
+                  request_rate=load["request_rate"], range_ratio=spread,
                   arrivals=f"sglang.bench_serving --request-rate {load['request_rate']:g} "
                            "(Poisson), random ids, ignore_eos"),
         kv_cache_dtype=flag_value(zipage_cmd, "--kv-cache-dtype", "auto"),
@@ -288,13 +290,16 @@ def throughput_row(merged: Dict, source: str) -> Dict:
 
 def add_row(merged_path: str, results_path: str) -> Dict:
     """Put a merged file's row into a bench_throughput result file, replacing the row of the
-    same load, and write it back."""
+    same load, attention backend and budget floor, and write it back."""
     with open(merged_path) as f:
         row = throughput_row(json.load(f), os.path.basename(merged_path))
     with open(results_path) as f:
         res = json.load(f)
     loads = res.setdefault("loads", [])
-    same = [i for i, e in enumerate(loads) if e.get("load") == row["load"]]
+    def key(e):
+        return e.get("load"), e.get("attention_backend"), e.get("zipage_min_kv_budget")
+
+    same = [i for i, e in enumerate(loads) if key(e) == key(row)]
     if same:
         loads[same[0]] = row
     else:

@@ -106,6 +106,18 @@ def test_a_merged_file_becomes_one_steady_state_row_of_the_results(tmp_path):
     assert row["zipage"]["commit"] == "0123456" and row["spec"]["num_requests"] == 64
     assert row["stock"]["bench_serving"] == {"completed": 7}
     assert row["source"].startswith("steady-tiny.json")
+    # spread output lengths are another load; the same load on another backend another row
+    for f in files:
+        doc = json.loads(f.read_text())
+        doc["load"]["range_ratio"] = 0.5
+        doc["server"]["info"] = {"attention_backend": "flashinfer"}
+        f.write_text(json.dumps(doc))
+    merge.merge_steady([str(f) for f in files], str(merged))
+    merge.add_row(str(merged), str(results))
+    loads = json.loads(results.read_text())["loads"]
+    assert [e["load"] for e in loads][1:] == ["poisson:rate=8:output_len=8192",
+                                              "poisson:rate=8:output_len=8192:range_ratio=0.5"]
+    assert loads[2]["spec"]["range_ratio"] == 0.5
 
 
 def wave_samples(finished_at, running):
