@@ -29,6 +29,14 @@
 #   RUNS="stock zipage" bash benchmarks/steady_pair.sh 8192 /tmp/ss SHA --range-ratio 0.5
 #   RUNS=zipage-min1024 bash ... (next session; zipage-minN adds --zipage-min-kv-budget N)
 #   steady_state.py --merge stock-8192.json zipage-8192.json --long-run --out steady-8k.json
+# (a merged file can stand for its stock run: --merge results/steady-8k-r05-long-run-h200.json
+# zipage-min1024-8192.json, the later zipage run replacing the merged one's).
+# Measured at 8k (results/steady-8k-r05-long-run-h200.json): stock turned over at 392 s, 1.37x
+# its longest lifetime. At 16k that predicts ~800 s, so one engine per session,
+#   RUNS=stock bash benchmarks/steady_pair.sh 16384 /tmp/ss SHA --range-ratio 0.5 \
+#     --window-end-s 1300 --num-prompts 11000
+# (~5 min to start on a fresh machine + 1300 s + the drain: ~27.5 minutes held), then zipage,
+# then zipage-min1024, in later sessions with the same flags, merged as above.
 # On a multi-GPU kind, GPUS="0 1 2" runs the RUNS at once, one GPU each (their own pools and
 # steps, as on one GPU; the client processes share the host's cores).
 # The first-wave pairs of results/steady-{8k,16k}-h200.json ran both engines in one session
