@@ -5,6 +5,8 @@ Plain Python over ints (no torch, no sglang), so the policy is testable on its o
 A request's KV columns in ``req_to_token`` are laid out as
     [0, c0)          prompt pages: owned by the radix tree, shared, never compressed
     [c0, kv_len)     its decode suffix (plus the prompt's partial last page): compressible
+With --zipage-compress-prompt, c0 drops below the prompt pages no other running request
+holds, once the request copied them into pages of its own (own_prompt.py).
 
 Invariants (checked where they are established; tests call the checkers):
   I1  req_to_token[r, j] % page == j % page   (SGLang's paged allocator invariant)
@@ -14,12 +16,15 @@ Invariants (checked where they are established; tests call the checkers):
       does the output KV a retracted request re-prefills (it must stay compressible)
   I5  logical position = physical length + pos_offset
   I6  suffix length <= kv_budget + buffer at every decode step (fixed mode; in elastic mode
-      a suffix grows past it while the pool has room, and is compacted on demand)
+      a suffix grows past it while the pool has room, and is compacted on demand; a suffix
+      that starts past it with its own prompt holds until its first compaction, W1)
 
 Query-window slots (query_window.py; as many as memory.py fits):
   W1  a request holds a slot from W decode steps before its trigger until its compaction
       is planned (or it leaves), so the slots serve the requests near a compaction; where
-      the next window starts within W tokens of a compaction (``keeps_window``) it keeps it
+      the next window starts within W tokens of a compaction (``keeps_window``) it keeps it;
+      one whose own prompt starts its suffix past that step takes a slot at its first decode
+      step and is compacted once the window is full
   W2  a request that reaches its trigger without a slot is compacted without a window (its
       most recent tokens kept): a missing slot never lets a suffix outgrow its limit
 

@@ -101,8 +101,14 @@ class ZipageConfig:
         "may take; the pool shrinks by what they take. Where it cannot hold the global scores "
         "and one query-window slot, startup is refused with the share that would."))
     sink: int = field(default=0, metadata=_flag(
-        "Leading tokens of the compressible suffix that are always kept (the prompt is never "
-        "compressed, so its own sink tokens are always kept)."))
+        "Leading tokens of the compressible suffix that are always kept (the prompt is not "
+        "compressed unless --zipage-compress-prompt, so its own sink tokens are kept)."))
+    compress_prompt: bool = field(default=False, metadata=_flag(
+        "Compress the part of each prompt that no other running request shares together with "
+        "the output: at its first decode step a request copies those prompt pages into pages "
+        "of its own and releases its hold on them in the radix cache, which keeps them as "
+        "evictable cache (later requests with the same prefix still hit it). Prefixes that "
+        "running requests share stay shared and uncompressed.", flag="--zipage-compress-prompt"))
 
     # ---------------------------------------------------------------- checks
     def validate(self, page_size: Optional[int] = None) -> "ZipageConfig":

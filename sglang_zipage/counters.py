@@ -29,6 +29,9 @@ class Counters:
                            squeezed_compactions=0, early_compactions=0,
                            # think segments: answers begun, thinking segments compacted then
                            answers_started=0, answer_compactions=0,
+                           # --zipage-compress-prompt: prompts copied to own pages, their
+                           # tokens, and copies the pool had no pages for (own_prompt.py)
+                           prompt_copies=0, prompt_tokens_owned=0, prompt_copy_misses=0,
                            # one per request per decode step; of those, the steps of requests
                            # compacted before the step was planned (tokens from compressed KV)
                            decode_tokens=0, compressed_decode_tokens=0,

@@ -16,6 +16,8 @@ import time
 import torch
 
 from sglang_zipage.compaction import S_MAX_ALIGN, CompactionPlan
+from sglang_zipage.kernels import compact_kv
+from sglang_zipage.own_prompt import SlotCopy
 from sglang_zipage.scoring import ScoringParams, select_and_compact
 
 
@@ -30,6 +32,15 @@ def execute(plan: CompactionPlan, params: ScoringParams, q_window, kv, score_buf
         params, q_window = windowless(params), None
     select_and_compact(params, q_window, kv, score_buffers, plan.src_slots, plan.src_lens,
                        plan.n_stored, plan.first, sm_scale, plan.dst_slots, plan.k)
+
+
+def copy_slots(copy: SlotCopy, kv) -> None:
+    """Every layer's and head's KV of copy.src into copy.dst (disjoint slots)."""
+    n = copy.src.numel()
+    for keys, values in ((kv.keys, kv.values), (kv.recent_keys, kv.recent_values)):
+        if keys:
+            keep = torch.arange(n, device=copy.src.device).expand(len(keys), 1, keys[0].shape[1], n)
+            compact_kv(keys, values, None, copy.src[None], keep, copy.dst[None], None)
 
 
 @functools.lru_cache(maxsize=8)
@@ -71,18 +82,24 @@ class Executor:
         self.stats.launch_time(time.perf_counter() - t0)
 
     def queries(self, plan):
-        """The plan's window rows (a copy), or None for a windowless plan."""
-        return None if plan.windowless else self.window.gather(plan.window_slots)
+        """The plan's window rows (a copy), or None for a windowless plan or a copy."""
+        if isinstance(plan, SlotCopy) or plan.windowless:
+            return None
+        return self.window.gather(plan.window_slots)
 
     def run(self, plan, q_window, stream) -> None:
-        """One plan on ``stream`` (None: the CPU, now); its tensors stay alive until then."""
+        """One plan (or prompt copy, own_prompt.py) on ``stream`` (None: the CPU, now); its
+        tensors stay alive until then."""
         if stream is not None:
             for t in (*plan.tensors, q_window):
                 if t is not None:
                     t.record_stream(stream)
-        execute(plan, self.params, q_window, self.kv, self._score_buffers, self.sm_scale)
+        if isinstance(plan, SlotCopy):
+            copy_slots(plan, self.kv)
+        else:
+            execute(plan, self.params, q_window, self.kv, self._score_buffers, self.sm_scale)
 
-    def warm_up(self, page_size: int) -> None:
+    def warm_up(self, page_size: int, copies: bool = False) -> None:
         """Compile the Triton kernels now, not in the middle of the first compaction
         (seconds of JIT with every running request waiting): one compaction on scratch
         buffers shaped like the pool's. The kernels compile one variant for any batch
@@ -103,4 +120,6 @@ class Executor:
             n_stored=torch.tensor([k], device=dev), first=torch.tensor([True], device=dev))
         execute(plan, self.params, self.window.gather(plan.window_slots), scratch,
                 scores if self.score_buffer is not None else None, self.sm_scale)
+        if copies:  # --zipage-compress-prompt: the prompt copy's kernel variant too
+            copy_slots(SlotCopy(slots[0, :k], slots[0, k:2 * k]), scratch)
         torch.cuda.synchronize()

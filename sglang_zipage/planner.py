@@ -25,6 +25,7 @@ from sglang_zipage.admission import Admission
 from sglang_zipage.budget import Budget, Budgets, Pressure
 from sglang_zipage.compaction import (CompactionItem, CompactionPlan, plan_compaction,
                                      shift_tail)
+from sglang_zipage.own_prompt import OwnPrompt
 from sglang_zipage.repetition import LoopGuard
 from sglang_zipage.room import Room
 from sglang_zipage.segments import Segments
@@ -38,7 +39,7 @@ class Planner:
     def __init__(self, budgets: Budgets, *, layout, window, shadows, allocator, stats, decisions,
                  evict=None, stock_clip: int = 4096, headroom: int = 1,
                  launch_cap: int = MAX_REQS_PER_LAUNCH, loop_guard: Optional[LoopGuard] = None,
-                 segments: Optional[Segments] = None):
+                 segments: Optional[Segments] = None, compress_prompt: bool = False):
         self.budgets = budgets
         self.layout = layout  # remap_window after a plan (hybrid SWA)
         self.window = window  # the query window's slots (query_window.py)
@@ -55,6 +56,8 @@ class Planner:
         self.segments = segments  # thinking and answer (segments.py), or None
         self.page_size = budgets.server.page_size
         self.pending: List[CompactionPlan] = []  # planned, for the executor
+        # --zipage-compress-prompt: unshared prompt pages join the suffix (own_prompt.py)
+        self.own_prompt = OwnPrompt(self._alloc, self.pending, stats) if compress_prompt else None
         self.pressure = Pressure()  # elastic mode: room or pressure (budget.py)
         self.waiting = 0  # requests the pool, not the running cap, keeps waiting (elastic)
         self.compressed_running = 0
@@ -89,6 +92,15 @@ class Planner:
             if budget is None or req.req_pool_idx is None:
                 continue
             st = self.state(req)
+            if self.own_prompt is not None and not st.prompt_owned and st.n_stored == 0:
+                moved = self.own_prompt.take(req, st, batch)
+                st.prompt_owned = moved is not None
+                if (moved and st.window_since < 0
+                        and budget.trigger - budget.window <= req.kv_committed_len - st.c0
+                        and self.window.assign(req.req_pool_idx)):
+                    # its own prompt put it past its window's start: the window fills from
+                    # here, and its compaction waits for it (else W2, windowless)
+                    st.window_since = req.decode_batch_idx
             compressed += st.compactions > 0
             if self.loop_guard and st.compactions and self.loop_guard.watch(st, req.output_ids):
                 self.stats.loop_guard()

@@ -32,6 +32,7 @@ class ReqState:
     think_scanned: int = 0  # output tokens searched for the think-end marker
     squeezed_to: Optional[int] = None  # its floor, its budget while squeezed (budget A3)
     answer_done: bool = False  # the thinking segment's last compaction is made (or not needed)
+    prompt_owned: bool = False  # own_prompt.py had its turn since the (re-)prefill
 
     def physical(self, logical: int) -> int:
         """A logical length (positions) as the columns it occupies (I5)."""

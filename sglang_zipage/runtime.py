@@ -114,12 +114,12 @@ class ZipageRuntime:
             # scoring gathers a launch's window rows at once: at most QUERY_SCRATCH_BYTES
             launch_cap=max(1, min(MAX_REQS_PER_LAUNCH, QUERY_SCRATCH_BYTES // plan.slot_bytes)),
             loop_guard=LoopGuard() if cfg.loop_guard else None,
-            segments=self._segments(cfg))
+            segments=self._segments(cfg), compress_prompt=self._compress_prompt(cfg))
         self.executor = Executor(self.params, kv, window, score_buffer, query.scale,
                                  self.planner.pending, self.shadows, self.stats, device)
         t0 = time.perf_counter()
         if device.type == "cuda":
-            self.executor.warm_up(page)
+            self.executor.warm_up(page, copies=self.planner.own_prompt is not None)
         self.warm_up_s = round(time.perf_counter() - t0, 2)
         # SGLang's rule for its own series: one scheduler per attention-TP group reports
         # (tensor-parallel ranks take the same decisions; their counts would add up)
@@ -141,6 +141,15 @@ class ZipageRuntime:
                            "(pass --disable-hybrid-swa-memory to protect answers)", self.layout.name)
             return None
         return Segments(cfg.answer_budget)
+
+    def _compress_prompt(self, cfg) -> bool:
+        """--zipage-compress-prompt (own_prompt.py), except on a hybrid sliding-window pool
+        (said once at startup)."""
+        if cfg.compress_prompt and self.layout.name == "hybrid-swa":
+            logger.warning("zipage: --zipage-compress-prompt is off on the hybrid sliding-window "
+                           "pool: prompts stay whole (pass --disable-hybrid-swa-memory)")
+            return False
+        return cfg.compress_prompt
 
     @property
     def ready(self) -> bool:

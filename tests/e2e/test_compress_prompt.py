@@ -1,0 +1,96 @@
+"""--zipage-compress-prompt (own_prompt.py) on the bundled model: fixed mode, budget 64 +
+buffer 16, a 640-token pool, prompts prefilled in chunks of 64, SGLang's strict memory checker
+after every step, the loop guard off (a raised budget would blur the KV bounds).
+
+A prompt no other running request holds compresses with the output: the request ends holding
+at most its limit, not prompt + limit, and the radix cache keeps the prompt for the next
+request. A prefix another running request holds stays shared: only the rest is copied.
+Run: .venv/bin/python -m pytest tests/e2e/test_compress_prompt.py
+"""
+
+import threading
+import time
+
+import pytest
+
+from sglang_zipage.harness.probe import loads
+from sglang_zipage.harness.server import STRICT_MEM_ENV, Server
+from zipage_server import COMMON_ARGS, FIXED_MODE, SMALL_BUDGET, assert_healthy
+
+LIMIT = 64 + 16
+PROMPT = 160  # two budgets: kept whole, the prompt alone would outgrow the limit
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    srv = Server([*COMMON_ARGS, *SMALL_BUDGET, *FIXED_MODE, "--zipage-no-loop-guard",
+                  "--zipage-compress-prompt"],
+                 tmp_path_factory.mktemp("compress-prompt") / "server.log", env=STRICT_MEM_ENV)
+    yield srv
+    srv.stop()
+
+
+def _ids(first, n):
+    return list(range(first, first + n))
+
+
+def _greedy(n, **extra):
+    return {"max_new_tokens": n, "temperature": 0, "ignore_eos": True, **extra}
+
+
+def test_an_unshared_prompt_compresses_with_the_output_and_stays_cached(server):
+    server.idle_and_flushed()
+    before = server.zipage_state()
+    (out,) = server.generate_ids([_ids(1000, PROMPT)], [_greedy(200)])
+    meta = out["meta_info"]
+    assert meta["completion_tokens"] == 200 and meta["zipage_compactions"] >= 2, meta
+    # prompt + output = 360 tokens; the prompt's own copy compressed with the output
+    assert meta["zipage_kv_len"] <= LIMIT, meta
+    after = server.zipage_state()
+    assert after["prompt_copies"] == before["prompt_copies"] + 1, after
+    assert after["prompt_tokens_owned"] == before["prompt_tokens_owned"] + PROMPT, after
+    # the tree kept the prompt (evictable): the same prompt again hits the cache
+    (again,) = server.generate_ids([_ids(1000, PROMPT)], [_greedy(20)])
+    assert again["meta_info"]["cached_tokens"] >= PROMPT - 1, again["meta_info"]
+    assert "KV cache pool is full" not in server.log()
+    assert_healthy(server)
+
+
+def test_the_copied_prompt_reads_as_the_original(server):
+    """Before its first compaction (12 tokens: its window of 16 is not full yet) a request
+    that copied its prompt decodes what the same request does without compression
+    (zipage_kv_budget 0), each alone on an empty cache: the same batches, the same KV."""
+    outs = []
+    for extra in ({"zipage_kv_budget": 0}, {}):
+        server.idle_and_flushed()
+        before = server.zipage_state()
+        (out,) = server.generate_ids([_ids(7000, PROMPT)], [_greedy(12, **extra)],
+                                     return_logprob=True)
+        meta = out["meta_info"]
+        copies = server.zipage_state()["prompt_copies"] - before["prompt_copies"]
+        assert copies == (0 if extra else 1) and meta["zipage_compactions"] == 0
+        outs.append(meta["output_token_logprobs"])
+    assert outs[0] == outs[1]  # (logprob, token id) of every output token
+
+
+def test_a_prefix_a_running_request_holds_stays_shared(server):
+    """A request that never compresses (zipage_kv_budget 0) holds a 96-token prefix while
+    another with the same prefix starts: that one copies its own 32 tokens only."""
+    server.idle_and_flushed()
+    prefix = _ids(3000, 96)
+    holder = threading.Thread(target=server.generate_ids, args=(
+        [prefix + _ids(5000, 32)], [_greedy(250, zipage_kv_budget=0)]))
+    holder.start()
+    deadline = time.monotonic() + 600
+    while loads(server.url)["num_running_reqs"] == 0:
+        assert time.monotonic() < deadline, "the holder never started"
+        time.sleep(0.2)
+    before = server.zipage_state()
+    (out,) = server.generate_ids([prefix + _ids(6000, 32)], [_greedy(150)])
+    after = server.zipage_state()
+    holder.join()
+    meta = out["meta_info"]
+    assert meta["cached_tokens"] >= 96, meta
+    assert after["prompt_tokens_owned"] - before["prompt_tokens_owned"] == 32, after
+    assert meta["zipage_compactions"] >= 1 and meta["zipage_kv_len"] <= 96 + LIMIT, meta
+    assert_healthy(server)
