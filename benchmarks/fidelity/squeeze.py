@@ -29,7 +29,7 @@ import torch
 
 from sglang_zipage.harness import record
 from sglang_zipage.harness.fidelity.hf_reference import HFReference
-from sglang_zipage.harness.fidelity.metrics import compare
+from sglang_zipage.harness.fidelity.metrics import compare, from_step
 from sglang_zipage.harness.fidelity.selection import Eviction
 from sglang_zipage.harness.fidelity.texts import load_items
 
@@ -55,13 +55,6 @@ def parse_args(argv=None):
         p.error("--squeeze-at must come after the first compaction at the budget and before "
                 "the end of the continuation")
     return args
-
-
-def from_step(run, start: int):
-    """The run's records scored only from ``start`` on (metrics score compacted steps)."""
-    return {t: {**r, "compactions_before": [n if i >= start else 0
-                                            for i, n in enumerate(r["compactions_before"])]}
-            for t, r in run.items()}
 
 
 def main(argv=None):

@@ -100,6 +100,13 @@ def test_hf_reference_matches_transformers_and_engine_schedule():
     assert counts[44] == 1 and counts[45] == 2 and counts[60] == 2 and counts[61] == 3
     assert sq["logprob"][0][:45] == pytest.approx(comp["logprob"][0][:45], abs=1e-6)
     assert sq["logprob"][0][45:] != pytest.approx(comp["logprob"][0][45:], abs=1e-6)
+    # the prompt compressed too (a 40-token prompt, limit 36): once the window is full
+    owned = Eviction(budget=20, buffer=16, window=8, redundancy="full", own_prompt=True)
+    pr = ref.teacher_forced(ids[:, :40], ids[:, 40:], owned)
+    assert pr["compactions_before"][:9] == [0] * 9 and pr["compactions_before"][9] == 1
+    assert pr["compactions_before"][25] == 2  # then every buffer tokens
+    kept = ref.teacher_forced(ids[:, :40], ids[:, 40:], ev)
+    assert pr["logprob"][0][9:] != pytest.approx(kept["logprob"][0][9:], abs=1e-6)
 
 
 def test_force_reference_records_raw_logprob_then_forces(tmp_path):

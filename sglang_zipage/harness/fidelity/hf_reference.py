@@ -14,7 +14,9 @@ Schedule, step for step the engine's (sglang_zipage/budget.py, planner.py):
               compacted to `budget` tokens, scored by the last W decode queries; then the
               forward runs on the compacted cache.
 So the first compaction precedes step budget + buffer + 1 and the next ones come every
-`buffer` steps. With a squeeze (Eviction.squeeze_to, squeeze_at), the request is compacted
+`buffer` steps. With the prompt compressed too (Eviction.own_prompt, --zipage-compress-prompt)
+the suffix starts with the prompt, and a compaction also waits for a full window (W decode
+queries), as the engine's request whose own prompt put it past its window's start does. With a squeeze (Eviction.squeeze_to, squeeze_at), the request is compacted
 to its floor before step squeeze_at (if it holds more) and keeps the floor as its budget, as
 the engine squeezes a request under overload (budget.py A3). `schedule` gives the count of
 compactions before every step.
@@ -38,10 +40,12 @@ import torch.nn.functional as F
 from sglang_zipage.harness.fidelity.selection import Eviction, rank_scores, select
 
 
-def schedule(steps: int, ev: Optional[Eviction]) -> List[int]:
+def schedule(steps: int, ev: Optional[Eviction], prompt_len: int = 0) -> List[int]:
     """Compactions that happened before the forward that predicts reference token i, for
-    i < steps (the suffix before step i >= 1 holds i - 1 tokens less those evicted)."""
-    counts, suffix, n = [0], 0, 0
+    i < steps (the suffix before step i >= 1 holds i - 1 tokens less those evicted, plus
+    the prompt's ``prompt_len`` with ev.own_prompt)."""
+    counts, n = [0], 0
+    suffix = prompt_len if ev is not None and ev.own_prompt else 0
     budget = ev.budget if ev is not None else 0
     for step in range(1, steps):
         if ev is not None:
@@ -49,15 +53,15 @@ def schedule(steps: int, ev: Optional[Eviction]) -> List[int]:
                 budget = ev.squeeze_to
                 if suffix > budget:
                     suffix, n = budget, n + 1
-            elif suffix >= budget + ev.buffer:
+            elif suffix >= budget + ev.buffer and step > ev.window:  # a full window
                 suffix, n = budget, n + 1
         counts.append(n)
         suffix += 1
     return counts[:steps]
 
 
-def compactions_before(step: int, ev: Optional[Eviction]) -> int:
-    return schedule(step + 1, ev)[step]
+def compactions_before(step: int, ev: Optional[Eviction], prompt_len: int = 0) -> int:
+    return schedule(step + 1, ev, prompt_len)[step]
 
 
 def _rotate_half(x):
@@ -147,14 +151,17 @@ class HFReference:
 
         record(self._forward(prompts, torch.arange(p, device=self.device), cache), 0)
         now = ev  # the eviction in force: its budget drops to the floor at a squeeze
+        kept = 0 if ev is not None and ev.own_prompt else p  # columns never compressed
         for step in range(1, c):
-            suffix = cache[0][0].shape[2] - p
+            suffix = cache[0][0].shape[2] - kept
             squeeze = ev is not None and ev.squeeze_to and step == ev.squeeze_at
             if squeeze:
                 now = dataclasses.replace(ev, budget=ev.squeeze_to, squeeze_to=0)
-            if now is not None and (suffix > now.budget if squeeze else suffix >= now.limit):
-                assert len(ring[0]) == ev.window
-                self._compact(cache, ring, stored, p, now, compactions == 0, gen)
+            full = ev is not None and len(ring[0]) == ev.window
+            if now is not None and (suffix > now.budget if squeeze
+                                    else suffix >= now.limit and full):
+                assert full
+                self._compact(cache, ring, stored, kept, now, compactions == 0, gen)
                 compactions += 1
             pos = torch.tensor([p + step - 1], device=self.device)
             logits = self._forward(refs[:, step - 1:step], pos, cache,
@@ -162,6 +169,6 @@ class HFReference:
             record(logits, step)
             if progress is not None and step % 128 == 0:
                 progress(step, c)
-        assert ncs == schedule(c, ev)
+        assert ncs == schedule(c, ev, p)
         return {"logprob": torch.stack(lps, 1).tolist(), "top1": torch.stack(tops, 1).tolist(),
                 "compactions_before": ncs}

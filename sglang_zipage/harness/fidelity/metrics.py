@@ -35,6 +35,14 @@ def scored_steps(rec: Dict) -> List[int]:
     return [i for i, n in enumerate(rec["compactions_before"]) if n >= 1]
 
 
+def from_step(run: Dict[str, Dict], start: int) -> Dict[str, Dict]:
+    """The run's records scored only from step ``start`` on (``compare`` scores the steps
+    after a compaction)."""
+    return {t: {**r, "compactions_before": [n if i >= start else 0
+                                            for i, n in enumerate(r["compactions_before"])]}
+            for t, r in run.items()}
+
+
 def _unit_sums(c: Dict, f: Dict, ref: List[int], steps: Sequence[int]) -> Dict:
     return dict(nll_c=-sum(c["logprob"][i] for i in steps),
                 nll_f=-sum(f["logprob"][i] for i in steps),
