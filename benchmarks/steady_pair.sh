@@ -1,6 +1,7 @@
 #!/bin/bash
 # Steady state at full size for one output length: each run of $RUNS (default "stock
-# zipage"; zipage-minN adds --zipage-min-kv-budget N) in turn on one GPU, behind
+# zipage"; zipage-minN adds --zipage-min-kv-budget N, zipage-prompt --zipage-compress-prompt,
+# zipage-prompt-minN both) in turn on one GPU, behind
 # benchmarks/steady_state.py (SGLang's bench_serving, Poisson arrivals above capacity,
 # flashinfer for both unless the flags name a backend: zipage's launcher default, while stock
 # SGLang picks fa3 on Hopper, which the device's bundle lacks), then merged. It runs
@@ -52,9 +53,11 @@ common=(--output-len "$len" --num-prompts 8000 --request-rate 8
         --mem-fraction-static 0.85 --cuda-graph-max-bs-decode 512
         --disable-prefill-cuda-graph --zipage-kv-budget 2048 --zipage-buffer 256
         --attention-backend flashinfer --commit "$commit" "$@")
-one() {  # one run: stock, zipage, or zipage-minN (--zipage-min-kv-budget N)
-  local name=$1 flags=(--engine "${1%%-min*}")
+one() {  # one run: stock, zipage, zipage-minN (--zipage-min-kv-budget N), zipage-prompt
+  # (--zipage-compress-prompt), or zipage-prompt-minN (both)
+  local name=$1 flags=(--engine "${1%%-*}")
   [[ $name == *-min* ]] && flags+=(--zipage-min-kv-budget "${name##*-min}")
+  [[ $name == *-prompt* ]] && flags+=(--zipage-compress-prompt)
   echo "$(date +%s) start $name" >> "$dir/progress"
   $py benchmarks/steady_state.py "${flags[@]}" "${common[@]}" \
     --out "$dir/$name-$len.json" > "$dir/$name-$len.out" 2>&1

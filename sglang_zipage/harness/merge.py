@@ -283,6 +283,8 @@ def throughput_row(merged: Dict, source: str) -> Dict:
               else "first-wave"),
         attention_backend=backends.pop() if len(backends) == 1 else sorted(map(str, backends)),
         **({"zipage_min_kv_budget": int(floor)} if floor else {}),
+        **({"zipage_compress_prompt": True}
+           if "--zipage-compress-prompt" in (zipage_cmd or "").split() else {}),
         output_len=load["output_len"], source=f"{source} (time series, spans, notes)",
         device_command=merged.get("device_command"), caveat=merged.get("caveat"),
         spans=merged.get("spans"))
@@ -290,14 +292,15 @@ def throughput_row(merged: Dict, source: str) -> Dict:
 
 def add_row(merged_path: str, results_path: str) -> Dict:
     """Put a merged file's row into a bench_throughput result file, replacing the row of the
-    same load, attention backend and budget floor, and write it back."""
+    same load, attention backend, budget floor and prompt compression, and write it back."""
     with open(merged_path) as f:
         row = throughput_row(json.load(f), os.path.basename(merged_path))
     with open(results_path) as f:
         res = json.load(f)
     loads = res.setdefault("loads", [])
     def key(e):
-        return e.get("load"), e.get("attention_backend"), e.get("zipage_min_kv_budget")
+        return (e.get("load"), e.get("attention_backend"), e.get("zipage_min_kv_budget"),
+                e.get("zipage_compress_prompt"))
 
     same = [i for i, e in enumerate(loads) if key(e) == key(row)]
     if same:

@@ -140,7 +140,7 @@ def test_the_first_running_set_turns_over_when_as_many_finished_as_it_held():
 def test_a_row_is_long_run_when_its_window_starts_after_stocks_turnover(tmp_path):
     files = []
     for name, tok_s, flags in (("stock", 100.0, "--zipage-disable"),
-                               ("zipage", 150.0, "--zipage-min-kv-budget 1024")):
+                               ("zipage", 150.0, "--zipage-min-kv-budget 1024 --zipage-compress-prompt")):
         doc = {"load": {"window_start_s": 20.0, "window_end_s": 40.0, "num_prompts": 64,
                         "request_rate": 8.0, "input_len": 512, "output_len": 8192},
                "samples": wave_samples([5, 8, 11, 18], lambda t: 2 if t < 5 else 4),
@@ -158,6 +158,7 @@ def test_a_row_is_long_run_when_its_window_starts_after_stocks_turnover(tmp_path
     assert row["stock"]["turnover_s"] == 8.0  # two ran before the first finish at 5
     assert (row["span"], row["attention_backend"], row["zipage_min_kv_budget"]) == (
         "long-run", "flashinfer", 1024)
+    assert row["zipage_compress_prompt"] is True
     late = json.loads(files[0].read_text())
     late["samples"] = wave_samples([5, 30], lambda t: 2 if t < 5 else 4)  # turns over at 30
     files[0].write_text(json.dumps(late))
