@@ -410,7 +410,8 @@ def soak(args, argv=None) -> dict:
                                ("compactions", "async_compactions", "async_awaited",
                                 "async_fallbacks", "tokens_evicted", "window_slot_misses",
                                 "pressure_compactions", "squeezed_compactions",
-                                "early_compactions")
+                                "early_compactions", "prompt_copies", "prompt_tokens_owned",
+                                "prompt_copy_misses")
                                if k in z_after and k in z_before}
         res["max_suffix_tokens"] = z_after["max_suffix_tokens"]
     return res
