@@ -26,7 +26,8 @@ import torch
 @dataclass(frozen=True)
 class SlotCopy:
     """KV of ``src`` slots copied to ``dst`` slots (disjoint), every layer and head; run by
-    the executor on the stream of the next forward, before it (compaction.py C2)."""
+    the executor on the stream of the next forward, before it (compaction.py C2), and timed
+    with the compactions (compaction_gpu_ms)."""
 
     src: torch.Tensor  # [n] int64
     dst: torch.Tensor  # [n] int64

@@ -23,7 +23,7 @@ from sglang_zipage import request_options, request_state
 from sglang_zipage.request_state import set_lengths
 from sglang_zipage.admission import Admission
 from sglang_zipage.budget import Budget, Budgets, Pressure
-from sglang_zipage.compaction import (CompactionItem, CompactionPlan, plan_compaction,
+from sglang_zipage.compaction import (CompactionItem, plan_compaction,
                                      shift_tail)
 from sglang_zipage.own_prompt import OwnPrompt
 from sglang_zipage.repetition import LoopGuard
@@ -55,7 +55,7 @@ class Planner:
         self.loop_guard = loop_guard  # repetition.py, or None (--zipage-no-loop-guard)
         self.segments = segments  # thinking and answer (segments.py), or None
         self.page_size = budgets.server.page_size
-        self.pending: List[CompactionPlan] = []  # planned, for the executor
+        self.pending: List = []  # compaction plans and prompt copies, for the executor
         # --zipage-compress-prompt: unshared prompt pages join the suffix (own_prompt.py)
         self.own_prompt = OwnPrompt(self._alloc, self.pending, stats) if compress_prompt else None
         self.pressure = Pressure()  # elastic mode: room or pressure (budget.py)
