@@ -19,15 +19,10 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import time
 
-import torch
-
-from sglang_zipage.harness import record
-from sglang_zipage.harness.fidelity.hf_reference import HFReference
-from sglang_zipage.harness.fidelity.metrics import compare, from_step
+from sglang_zipage.harness.fidelity.hf_reference import for_texts, write_result
+from sglang_zipage.harness.fidelity.metrics import scores_from
 from sglang_zipage.harness.fidelity.selection import Eviction
-from sglang_zipage.harness.fidelity.texts import load_items
 
 
 def parse_args(argv=None):
@@ -53,31 +48,15 @@ def first_compaction(run) -> int:
 
 def main(argv=None):
     args = parse_args(argv)
-    from transformers import AutoTokenizer
-
-    from sglang_zipage.model import bundled_model_path
-
-    model = args.model or bundled_model_path()
-    items = load_items(AutoTokenizer.from_pretrained(model), args.n_texts, args.prompt_len,
-                       args.cont_len)
-    ref = HFReference(model, dtype=getattr(torch, args.dtype), device=args.device)
+    model, items, ref = for_texts(args.model, args.n_texts, args.prompt_len, args.cont_len,
+                                  args.dtype, args.device)
     kept = Eviction(budget=args.budget, buffer=args.buffer, window=args.window)
     rows = {"full": None, "prompt_kept": kept,
             "prompt_compressed": dataclasses.replace(kept, own_prompt=True),
             "prompt_compressed_same_memory": dataclasses.replace(
                 kept, own_prompt=True, budget=args.budget + args.prompt_len)}
-    prompts = torch.tensor([it.prompt_ids for it in items])
-    refs_t = torch.tensor([it.ref_ids for it in items])
+    runs, seconds = ref.forced_rows(items, rows, log=lambda line: print(line, flush=True))
     refs = {it.id: it.ref_ids for it in items}
-    runs, seconds = {}, {}
-    for name, ev in rows.items():
-        t0 = time.time()
-        out = ref.teacher_forced(prompts, refs_t, ev)
-        seconds[name] = round(time.time() - t0, 1)
-        runs[name] = {it.id: {"logprob": out["logprob"][i], "top1": out["top1"][i],
-                              "compactions_before": out["compactions_before"]}
-                      for i, it in enumerate(items)}
-        print(f"{name}: {seconds[name]} s", flush=True)
     common = max(first_compaction(runs[name]) for name, ev in rows.items() if ev is not None)
     result = {}
     for name, ev in rows.items():
@@ -88,19 +67,11 @@ def main(argv=None):
         result[name] = {"eviction": dataclasses.asdict(ev), "most_tokens_held": held,
                         "first_compaction_step": first_compaction(run),
                         "compactions": run[items[0].id]["compactions_before"][-1],
-                        "common": compare(from_step(run, common), runs["full"], refs),
-                        "own": compare(run, runs["full"], refs)}
-        for part in ("common", "own"):
-            result[name][part].pop("per_text")
+                        **scores_from(run, runs["full"], refs, common, "common")}
         f = result[name]["common"]
         print(f"{name:30s} holds <= {held}: from step {common}: NLL ratio {f['nll_ratio']:.4f} "
               f"{f['nll_ratio_ci95']}, top-1 agreement {f['top1_agreement']:.3f}", flush=True)
-    record.write_json({
-        "command": record.command_line(), "commit": record.git_commit(dirty=True),
-        "versions": record.versions(), "device": record.gpu_name(args.device),
-        "model": model, "texts": [it.id for it in items], "settings": vars(args),
-        "implementation": "hf reference (sglang_zipage/harness/fidelity/hf_reference.py)",
-        "common_from_step": common, "seconds": seconds, "rows": result}, args.out)
+    write_result(args.out, args, model, items, seconds, result, common_from_step=common)
 
 
 if __name__ == "__main__":

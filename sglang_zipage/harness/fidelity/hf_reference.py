@@ -31,6 +31,7 @@ next to the engine-vs-reference comparison.
 from __future__ import annotations
 
 import dataclasses
+import time
 from collections import deque
 from typing import Dict, List, Optional
 
@@ -172,3 +173,46 @@ class HFReference:
         assert ncs == schedule(c, ev, p)
         return {"logprob": torch.stack(lps, 1).tolist(), "top1": torch.stack(tops, 1).tolist(),
                 "compactions_before": ncs}
+
+    def forced_rows(self, items, rows: Dict[str, Optional[Eviction]], log=print):
+        """``teacher_forced`` over the texts of ``items`` (texts.Item) once per named eviction
+        (None: full KV). Returns (runs, seconds): runs[name][text id] = {"logprob", "top1",
+        "compactions_before"}, the form metrics.compare takes."""
+        prompts = torch.tensor([it.prompt_ids for it in items])
+        refs = torch.tensor([it.ref_ids for it in items])
+        runs, seconds = {}, {}
+        for name, ev in rows.items():
+            t0 = time.time()
+            out = self.teacher_forced(prompts, refs, ev)
+            seconds[name] = round(time.time() - t0, 1)
+            runs[name] = {it.id: {"logprob": out["logprob"][i], "top1": out["top1"][i],
+                                  "compactions_before": out["compactions_before"]}
+                          for i, it in enumerate(items)}
+            log(f"{name}: {seconds[name]} s")
+        return runs, seconds
+
+
+def for_texts(model: Optional[str], n_texts: int, prompt_len: int, cont_len: int,
+              dtype: str = "float32", device: str = "cpu"):
+    """(model path, texts.Item list, HFReference): the fidelity texts cut into prompt and
+    continuation with the model's tokenizer (the bundled SmolLM2 when ``model`` is None)."""
+    from transformers import AutoTokenizer
+
+    from sglang_zipage.harness.fidelity.texts import load_items
+    from sglang_zipage.model import bundled_model_path
+
+    model = model or bundled_model_path()
+    items = load_items(AutoTokenizer.from_pretrained(model), n_texts, prompt_len, cont_len)
+    return model, items, HFReference(model, dtype=getattr(torch, dtype), device=device)
+
+
+def write_result(path: str, args, model: str, items, seconds: Dict, rows: Dict, **extra) -> None:
+    """A reference-only fidelity result (squeeze.py, own_prompt.py) with its provenance."""
+    from sglang_zipage.harness import record
+
+    record.write_json({
+        "command": record.command_line(), "commit": record.git_commit(dirty=True),
+        "versions": record.versions(), "device": record.gpu_name(args.device),
+        "model": model, "texts": [it.id for it in items], "settings": vars(args),
+        "implementation": "hf reference (sglang_zipage/harness/fidelity/hf_reference.py)",
+        **extra, "seconds": seconds, "rows": rows}, path)

@@ -43,6 +43,16 @@ def from_step(run: Dict[str, Dict], start: int) -> Dict[str, Dict]:
             for t, r in run.items()}
 
 
+def scores_from(run: Dict[str, Dict], full: Dict[str, Dict], refs: Dict[str, List[int]],
+                start: int, part: str) -> Dict:
+    """A row's scores without their per-text parts: ``part`` over the steps from ``start`` on
+    (the same for every row), "own" over the steps after its own first compaction."""
+    out = {part: compare(from_step(run, start), full, refs), "own": compare(run, full, refs)}
+    for scored in out.values():
+        scored.pop("per_text")
+    return out
+
+
 def _unit_sums(c: Dict, f: Dict, ref: List[int], steps: Sequence[int]) -> Dict:
     return dict(nll_c=-sum(c["logprob"][i] for i in steps),
                 nll_f=-sum(f["logprob"][i] for i in steps),
