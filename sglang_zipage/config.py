@@ -105,8 +105,8 @@ class ZipageConfig:
         "compressed unless --zipage-compress-prompt, so its own sink tokens are kept)."))
     compress_prompt: bool = field(default=False, metadata=_flag(
         "Compress the part of each prompt that no other running request shares together with "
-        "the output: at its first decode step a request copies those prompt pages into pages "
-        "of its own and releases its hold on them in the radix cache, which keeps them as "
+        "the output: once the radix cache holds its prompt, a request copies those pages into "
+        "pages of its own and releases its hold on them in the radix cache, which keeps them as "
         "evictable cache (later requests with the same prefix still hit it). Prefixes that "
         "running requests share stay shared and uncompressed.", flag="--zipage-compress-prompt"))
 
