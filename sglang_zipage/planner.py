@@ -92,9 +92,12 @@ class Planner:
             if budget is None or req.req_pool_idx is None:
                 continue
             st = self.state(req)
+            moved = False
             if self.own_prompt is not None and not st.prompt_owned and st.n_stored == 0:
+                # None: its prompt reaches the tree after this step (overlap), asked once more
                 moved = self.own_prompt.take(req, st, batch)
-                st.prompt_owned = moved is not None
+                st.prompt_tries += 1
+                st.prompt_owned = moved is not None or st.prompt_tries > 1
                 if (moved and st.window_since < 0
                         and budget.trigger - budget.window <= req.kv_committed_len - st.c0
                         and self.window.assign(req.req_pool_idx)):
@@ -125,7 +128,9 @@ class Planner:
                     st.window_since = req.decode_batch_idx
                 else:
                     self.stats.add("window_slot_misses")
-            if budget.needs_compaction(st, suffix, req.decode_batch_idx, pressed):
+            # one whose prompt reaches the tree after this step compacts once it took it
+            if moved is not None and budget.needs_compaction(st, suffix, req.decode_batch_idx,
+                                                             pressed):
                 item = self.item(req, st, suffix, budget.kv_budget)
                 if budget.lag and suffix < budget.limit:
                     if room >= item.kv_budget:  # else it retries at its next step

@@ -33,6 +33,7 @@ class ReqState:
     squeezed_to: Optional[int] = None  # its floor, its budget while squeezed (budget A3)
     answer_done: bool = False  # the thinking segment's last compaction is made (or not needed)
     prompt_owned: bool = False  # own_prompt.py had its turn since the (re-)prefill
+    prompt_tries: int = 0  # decode steps it was asked at (its prompt may reach the tree late)
 
     def physical(self, logical: int) -> int:
         """A logical length (positions) as the columns it occupies (I5)."""

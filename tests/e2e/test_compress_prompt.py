@@ -8,14 +8,18 @@ request. A prefix another running request holds stays shared: only the rest is c
 Run: .venv/bin/python -m pytest tests/e2e/test_compress_prompt.py
 """
 
+import shutil
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
+from sglang_zipage.harness.engines import tiny_model_dir
 from sglang_zipage.harness.probe import loads
 from sglang_zipage.harness.server import STRICT_MEM_ENV, Server
-from zipage_server import COMMON_ARGS, FIXED_MODE, SMALL_BUDGET, assert_healthy
+from zipage_server import (CHUNK_TOKENS, COMMON_ARGS, FIXED_MODE, POOL_TOKENS, SMALL_BUDGET,
+                           assert_healthy)
 
 LIMIT = 64 + 16
 PROMPT = 160  # two budgets: kept whole, the prompt alone would outgrow the limit
@@ -94,3 +98,31 @@ def test_a_prefix_a_running_request_holds_stays_shared(server):
     assert after["prompt_tokens_owned"] - before["prompt_tokens_owned"] == 32, after
     assert meta["zipage_compactions"] >= 1 and meta["zipage_kv_len"] <= 96 + LIMIT, meta
     assert_healthy(server)
+
+
+def test_a_retracted_request_copies_its_prompt_again(tmp_path):
+    """SGLang's test hook retracts a running request every 40 forwards: its lock and pages go
+    back as SGLang releases them, it re-prefills and copies its prompt again, and every
+    request completes within its limit (the 2-layer dummy Qwen3: bookkeeping only)."""
+    model = tiny_model_dir()
+    env = {**STRICT_MEM_ENV, "SGLANG_TEST_RETRACT": "1", "SGLANG_TEST_RETRACT_INTERVAL": "40"}
+    srv = Server(["--model-path", model, "--load-format", "dummy", "--skip-tokenizer-init",
+                  "--max-total-tokens", POOL_TOKENS, "--chunked-prefill-size", CHUNK_TOKENS,
+                  *SMALL_BUDGET, *FIXED_MODE, "--zipage-no-loop-guard",
+                  "--zipage-compress-prompt"], tmp_path / "r.log", env=env)
+    try:
+        before = srv.zipage_state()["prompt_copies"]
+        with ThreadPoolExecutor(3) as ex:
+            outs = list(ex.map(lambda i: srv.generate_ids(
+                [_ids(300 + 200 * i, 100)], [_greedy(200)])[0], range(3)))
+        metas = [o["meta_info"] for o in outs]
+        assert all(m["completion_tokens"] == 200 for m in metas), metas
+        retractions = sum(m["num_retractions"] for m in metas)
+        assert retractions > 0, metas
+        assert all(m["zipage_compactions"] > 0 and m["zipage_kv_len"] <= LIMIT for m in metas), metas
+        assert srv.zipage_state()["prompt_copies"] - before > 3, metas
+        assert_healthy(srv)
+    finally:
+        srv.stop()
+        shutil.rmtree(model, ignore_errors=True)
+
