@@ -93,11 +93,10 @@ class Planner:
                 continue
             st = self.state(req)
             moved = False
-            if self.own_prompt is not None and not st.prompt_owned and st.n_stored == 0:
+            if self.own_prompt is not None and st.prompt_asks and st.n_stored == 0:
                 # None: its prompt reaches the tree after this step (overlap), asked once more
                 moved = self.own_prompt.take(req, st, batch)
-                st.prompt_tries += 1
-                st.prompt_owned = moved is not None or st.prompt_tries > 1
+                st.prompt_asks = st.prompt_asks - 1 if moved is None else 0
                 if (moved and st.window_since < 0
                         and budget.trigger - budget.window <= req.kv_committed_len - st.c0
                         and self.window.assign(req.req_pool_idx)):

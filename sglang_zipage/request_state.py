@@ -32,8 +32,8 @@ class ReqState:
     think_scanned: int = 0  # output tokens searched for the think-end marker
     squeezed_to: Optional[int] = None  # its floor, its budget while squeezed (budget A3)
     answer_done: bool = False  # the thinking segment's last compaction is made (or not needed)
-    prompt_owned: bool = False  # own_prompt.py had its turn since the (re-)prefill
-    prompt_tries: int = 0  # decode steps it was asked at (its prompt may reach the tree late)
+    prompt_asks: int = 2  # decode steps own_prompt.py may still ask it at, since its
+    # (re-)prefill: its prompt may reach the tree a step late (0: its turn is over)
 
     def physical(self, logical: int) -> int:
         """A logical length (positions) as the columns it occupies (I5)."""
