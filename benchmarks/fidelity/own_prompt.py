@@ -20,24 +20,15 @@ from __future__ import annotations
 import argparse
 import dataclasses
 
-from sglang_zipage.harness.fidelity.hf_reference import for_texts, write_result
+from sglang_zipage.harness.fidelity.hf_reference import (add_reference_args, for_texts,
+                                                         write_result)
 from sglang_zipage.harness.fidelity.metrics import scores_from
 from sglang_zipage.harness.fidelity.selection import Eviction
 
 
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    a = p.add_argument
-    a("--n-texts", type=int, default=4)
-    a("--prompt-len", type=int, default=256)
-    a("--cont-len", type=int, default=512)
-    a("--budget", type=int, default=128)
-    a("--buffer", type=int, default=32)
-    a("--window", type=int, default=16)
-    a("--device", default="cpu")
-    a("--dtype", default="float32", choices=["float32", "bfloat16"])
-    a("--model", default=None, help="model folder (default: the bundled SmolLM2)")
-    a("--out", required=True)
+    add_reference_args(p, prompt_len=256)
     return p.parse_args(argv)
 
 

@@ -24,26 +24,18 @@ from __future__ import annotations
 import argparse
 import dataclasses
 
-from sglang_zipage.harness.fidelity.hf_reference import for_texts, write_result
+from sglang_zipage.harness.fidelity.hf_reference import (add_reference_args, for_texts,
+                                                         write_result)
 from sglang_zipage.harness.fidelity.metrics import scores_from
 from sglang_zipage.harness.fidelity.selection import Eviction
 
 
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    a = p.add_argument
-    a("--n-texts", type=int, default=4)
-    a("--prompt-len", type=int, default=64)
-    a("--cont-len", type=int, default=512)
-    a("--budget", type=int, default=128)
-    a("--floor", type=int, default=64)
-    a("--squeeze-at", type=int, default=None, help="output step of the squeeze (default: half)")
-    a("--buffer", type=int, default=32)
-    a("--window", type=int, default=16)
-    a("--device", default="cpu")
-    a("--dtype", default="float32", choices=["float32", "bfloat16"])
-    a("--model", default=None, help="model folder (default: the bundled SmolLM2)")
-    a("--out", required=True)
+    add_reference_args(p, prompt_len=64)
+    p.add_argument("--floor", type=int, default=64)
+    p.add_argument("--squeeze-at", type=int, default=None,
+                   help="output step of the squeeze (default: half)")
     args = p.parse_args(argv)
     args.squeeze_at = args.squeeze_at or args.cont_len // 2
     if not args.budget + args.buffer < args.squeeze_at < args.cont_len:

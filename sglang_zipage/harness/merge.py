@@ -298,6 +298,7 @@ def add_row(merged_path: str, results_path: str) -> Dict:
     with open(results_path) as f:
         res = json.load(f)
     loads = res.setdefault("loads", [])
+
     def key(e):
         return (e.get("load"), e.get("attention_backend"), e.get("zipage_min_kv_budget"),
                 e.get("zipage_compress_prompt"))

@@ -16,7 +16,8 @@ Schedule, step for step the engine's (sglang_zipage/budget.py, planner.py):
 So the first compaction precedes step budget + buffer + 1 and the next ones come every
 `buffer` steps. With the prompt compressed too (Eviction.own_prompt, --zipage-compress-prompt)
 the suffix starts with the prompt, and a compaction also waits for a full window (W decode
-queries), as the engine's request whose own prompt put it past its window's start does. With a squeeze (Eviction.squeeze_to, squeeze_at), the request is compacted
+queries), as the engine's request whose own prompt put it past its window's start does.
+With a squeeze (Eviction.squeeze_to, squeeze_at), the request is compacted
 to its floor before step squeeze_at (if it holds more) and keeps the floor as its budget, as
 the engine squeezes a request under overload (budget.py A3). `schedule` gives the count of
 compactions before every step.
@@ -190,6 +191,22 @@ class HFReference:
                           for i, it in enumerate(items)}
             log(f"{name}: {seconds[name]} s")
         return runs, seconds
+
+
+def add_reference_args(p, prompt_len: int) -> None:
+    """The command-line settings of a reference-only fidelity script (squeeze.py,
+    own_prompt.py): texts, lengths, budget, buffer, window, where it runs and its output."""
+    a = p.add_argument
+    a("--n-texts", type=int, default=4)
+    a("--prompt-len", type=int, default=prompt_len)
+    a("--cont-len", type=int, default=512)
+    a("--budget", type=int, default=128)
+    a("--buffer", type=int, default=32)
+    a("--window", type=int, default=16)
+    a("--device", default="cpu")
+    a("--dtype", default="float32", choices=["float32", "bfloat16"])
+    a("--model", default=None, help="model folder (default: the bundled SmolLM2)")
+    a("--out", required=True)
 
 
 def for_texts(model: Optional[str], n_texts: int, prompt_len: int, cont_len: int,
