@@ -198,8 +198,8 @@ def parse_spans(text: Optional[str]) -> Optional[List[List[float]]]:
 
 def merge_steady(paths: List[str], out: str, spans: Optional[List[List[float]]] = None,
                  long_run: bool = False) -> Dict:
-    """Single-engine files (or merged ones, whose engines are taken again) side by side;
-    ``long_run``: over the long-run window (``long_run_windows``) instead of each run's own."""
+    """Single-engine files (or merged ones, whose engines are taken again) side by side, the
+    last run of each engine counting; ``long_run``: over the long-run window (``long_run_windows``) instead of each run's own."""
     sources = []  # (path, single-engine doc)
     for p in paths:
         d = json.load(open(p))
@@ -208,6 +208,9 @@ def merge_steady(paths: List[str], out: str, spans: Optional[List[List[float]]] 
         else:
             origin = {m["engine"]: m["path"] for m in d.get("merged_from", [])}
             sources += [(origin.get(name, p), e) for name, e in d.get("engines", {}).items()]
+    # one run an engine: a later file's run replaces an earlier one's (a merged file standing
+    # for its stock run beside a new zipage run)
+    sources = list({d["engine"]: (p, d) for p, d in sources}.values())
     docs = [d for _, d in sources]
     engines = {d["engine"]: d for d in docs}
     res = dict(benchmark="steady_state (merged)",

@@ -74,6 +74,15 @@ def test_a_merged_file_merges_again_with_other_spans(tmp_path):
     assert again["output_tok_s_ratio"] == first["output_tok_s_ratio"] == 1.5
     assert [r["span_s"] for r in again["spans"]] == [[10.0, 30.0]]
     assert again["spans"][0]["ratio"] == 1.5
+    # the merged file stands for its stock run beside a later zipage run, which replaces its own
+    later = {**json.loads(files[1].read_text()), "command": "run zipage again",
+             "window": {"output_tok_s": 180.0}}
+    (tmp_path / "later.json").write_text(json.dumps(later))
+    third = merge.merge_steady([str(tmp_path / "m.json"), str(tmp_path / "later.json")],
+                               str(tmp_path / "m3.json"))
+    assert [m["path"] for m in third["merged_from"]] == [str(files[0]), str(tmp_path / "later.json")]
+    assert [s["engine"] for s in third["summary"]] == ["stock", "zipage"]
+    assert third["output_tok_s_ratio"] == 1.8
 
 
 def test_a_merged_file_becomes_one_steady_state_row_of_the_results(tmp_path):
