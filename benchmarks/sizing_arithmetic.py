@@ -10,6 +10,10 @@ output so far. Zipage under pressure: its suffix (the output, plus the prompt wh
 grows to budget + buffer, then cycles between budget and budget + buffer (mean budget +
 buffer / 2); a kept prompt stays beside it.
 
+A larger batch makes a step longer: a line through the long-run rows of --measured
+(steady state, both engines, pool full: step = a + b x running requests, least squares) turns
+the running requests of each row into output tokens/s, as a ratio to stock's measured row.
+
   python3 benchmarks/sizing_arithmetic.py --out benchmarks/results/sizing-arithmetic.json
 """
 
@@ -39,6 +43,26 @@ def zipage_held(prompt: int, budget: int, buffer: int, own_prompt: bool):
     return held
 
 
+def step_line(points):
+    """Least squares step = a + b x n through (n, step) points: (a, b, largest residual)."""
+    m = len(points)
+    sn, ss = sum(n for n, _ in points), sum(t for _, t in points)
+    snn, sns = sum(n * n for n, _ in points), sum(n * t for n, t in points)
+    b = (m * sns - sn * ss) / (m * snn - sn * sn)
+    a = (ss - b * sn) / m
+    return a, b, max(abs(a + b * n - t) for n, t in points)
+
+
+def measured_steps(path: str, load: str):
+    """(running, step ms) of stock's and every zipage run in the long-run rows of ``load``,
+    and stock's (running, step)."""
+    rows = [r for r in json.load(open(path))["loads"]
+            if r.get("span") == "long-run" and r["load"] == load]
+    stock = {(r["stock"]["mean_running_reqs"], r["stock"]["server_tpot_ms"]) for r in rows}
+    zipage = [(r["zipage"]["mean_running_reqs"], r["zipage"]["server_tpot_ms"]) for r in rows]
+    return sorted(stock) + zipage, sorted(stock)[0], [r["source"].split()[0] for r in rows]
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--prompt", type=int, default=512)
@@ -47,8 +71,20 @@ def main(argv=None):
     p.add_argument("--floor", type=int, default=1024)
     p.add_argument("--output-lens", default="8192,16384")
     p.add_argument("--step", type=int, default=64, help="output lengths sampled every STEP")
+    p.add_argument("--measured", default="benchmarks/results/throughput-h200.json")
+    p.add_argument("--measured-load", default="poisson:rate=8:output_len=8192:range_ratio=0.5")
+    p.add_argument("--pool", type=int, default=733396, help="zipage's pool (the 8k rows')")
+    p.add_argument("--pool-use", type=float, default=0.95, help="(measured at the defaults: 0.96)")
     p.add_argument("--out", default=None)
     args = p.parse_args(argv)
+    points, (stock_n, stock_step), sources = measured_steps(args.measured, args.measured_load)
+    a, b, worst = step_line(points)
+    stock_rate = stock_n / stock_step
+
+    def predicted(tokens: float) -> dict:
+        n = args.pool * args.pool_use / tokens
+        return {"running": round(n), "step_ms": round(a + b * n, 1),
+                "tok_s_vs_stock": round(n / (a + b * n) / stock_rate, 2)}
     rows = {}
     for top in map(int, args.output_lens.split(",")):
         lengths = range(top // 2, top + 1, args.step)
@@ -59,10 +95,18 @@ def main(argv=None):
                                   ("compressed_floor", args.floor, True)):
             z = mean_held(args.prompt, lengths, zipage_held(args.prompt, budget, args.buffer, own))
             row[name] = {"tokens": round(z), "running_vs_stock": round(stock / z, 2)}
+            if top == 8192:  # the measured load's length
+                row[name]["predicted_at_8k"] = predicted(z)
         row["compressed_vs_kept_running"] = round(row["kept"]["tokens"]
                                                   / row["compressed"]["tokens"], 2)
         rows[str(top)] = row
-    res = {"command": "python3 " + " ".join(sys.argv), "settings": vars(args), "rows": rows}
+    step = {"from": sources, "points_running_step_ms": points, "a_ms": round(a, 2),
+            "b_ms_per_request": round(b, 4), "largest_residual_ms": round(worst, 2),
+            "stock": {"running": stock_n, "step_ms": stock_step},
+            "running_for_ratio": {str(x): round(x * stock_rate * a / (1 - x * stock_rate * b))
+                                  for x in (1.8, 2.5)}}
+    res = {"command": "python3 " + " ".join(sys.argv), "settings": vars(args), "rows": rows,
+           "step_line": step}
     text = json.dumps(res, indent=1)
     print(text)
     if args.out:

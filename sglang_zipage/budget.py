@@ -36,8 +36,10 @@ Admission books what the running requests will hold, not each one's worst case:
       F(t) = sum_{r_i > t} min(t, g_i) - sum_{r_i <= t} d_i more than now, and admission
       sets aside peak(F) = max_t F(t) >= 0 (``peak_growth``) rather than sum g_i; a new
       request is charged its prompt, a page and what it adds to the peak (g = its limit,
-      d = 0). Exact where outputs run to max_new_tokens; where they stop earlier, the peak
-      only overstates.
+      d = 0). limit_i is that of the budget it is booked at: with a budget range its floor
+      (A3), the least it can be made to hold, so admission overbooks the budgets and the
+      pool squeezes them (A2, A3). Exact where outputs run to max_new_tokens and budgets
+      hold; where outputs stop earlier, the peak only overstates.
   A2  when a step or a waiting request finds the pool short, running requests give tokens
       back before SGLang retracts any (``Budget.give_back``): first those past their limit,
       then those over their budget, down to their budget; then, with a budget range
@@ -45,9 +47,11 @@ Admission books what the running requests will hold, not each one's worst case:
       step, a request whose budget the loop guard raised (repetition.py) has the floor of its
       own budget, not the raised one. A request is retracted only when every running request
       sits at its floor.
-  A3  a squeezed request's budget is its floor (so its limit, reserve and growth shrink)
-      until the pool leaves pressure, the loop guard's raise included; floor >= W + sink,
-      page aligned, <= its budget.
+  A3  under pressure with requests waiting, running requests are squeezed, the largest
+      first (planner.py; one within W tokens of its floor's limit once it has a window
+      slot, W1); a squeezed request's budget is its floor (so its limit, reserve and growth
+      shrink) until the pool leaves pressure, the loop guard's raise included; floor >= W +
+      sink, page aligned, <= its budget.
 
 Elastic mode has two states (``Pressure``): *room*, where requests keep their full KV, and
 *pressure*, entered when the pool ran short, where every request compresses at its limit as in

@@ -9,7 +9,8 @@ Each decode step (``step``, before SGLang's decode memory check, so the freed pa
     answer started compresses its thinking segment once more, never its answer (segments.py);
   - elastic mode: when the step would run short of pages, running requests give tokens back
     (room.py), as they do before admission when the first waiting request does not fit;
-    a squeezed request keeps its floor as its budget until the pressure ends (budget A3).
+    with a budget range, while requests wait under pressure running ones take their floor as
+    their budget, and keep it until the pressure ends (budget A3); admission books them there.
 Plans are queued for the executor (executor.py), which runs them before the next forward.
 Every tensor-parallel rank takes the same decisions (decisions.py). Duck-types SGLang's
 ScheduleBatch and Req; never imports sglang.
@@ -48,7 +49,7 @@ class Planner:
         self.stats = stats
         self.decisions = decisions
         self.evict = evict  # evict(batch, n): make n slots free from the radix tree (hooks)
-        self.admission = Admission(self.budget_of, stock_clip)
+        self.admission = Admission(self.booked_budget, stock_clip)
         self.room = Room(self)  # elastic mode: tokens given back on demand
         self.headroom = headroom  # elastic mode: compact this much more than the shortfall
         self.launch_cap = launch_cap
@@ -72,6 +73,25 @@ class Planner:
             return self.budgets.of(request_options.of(req))
         return self.budgets.of(request_options.of(req), st.loop_boost, st.squeezed_to)
 
+    def floor_of(self, req) -> Optional[Budget]:
+        """The budget a squeeze leaves the request (budget A3): its floor times what the loop
+        guard gave it; None when that is not below its budget (no budget range)."""
+        budget = self.budget_of(req)
+        if budget is None or not budget.elastic:
+            return None
+        st = getattr(req, "zipage", None)
+        floor = (self.budgets.floor(request_options.of(req), request_options.min_of(req))
+                 * (st.loop_boost if st is not None else 1))
+        if floor >= budget.kv_budget:
+            return None
+        return self.budgets.of(request_options.of(req), squeezed_to=floor)
+
+    def booked_budget(self, req) -> Optional[Budget]:
+        """What admission books a request at (budget A1): with a budget range its floor, the
+        least that requests waiting or a step short of pages make it hold (A2, A3); else its
+        budget."""
+        return self.floor_of(req) or self.budget_of(req)
+
     def state(self, req):
         return request_state.state_of(req, self.budgets.server)
 
@@ -84,10 +104,13 @@ class Planner:
         room = self.shadows.reserve()
         pressed = elastic and self.pressure.on and self.pressure.settle(
             self.room.free(batch), self.room.demand(batch), self.waiting)
+        if not pressed:  # (or the pressure ended:) budgets return (A3)
+            for req in batch.reqs:
+                if getattr(req, "zipage", None) is not None:
+                    req.zipage.squeezed_to = None
+        elif self.waiting:  # requests wait: running ones take their floor (A3)
+            self._squeeze(batch)
         for i, req in enumerate(batch.reqs):
-            st = getattr(req, "zipage", None)
-            if st is not None and st.squeezed_to is not None and not pressed:
-                st.squeezed_to = None  # the pressure ended: its budget returns (A3)
             budget = self.budget_of(req) if not req.finished() else None
             if budget is None or req.req_pool_idx is None:
                 continue
@@ -155,6 +178,30 @@ class Planner:
             if short > 0:
                 self.pressure.ran_short()
                 self.room.make(batch, short, self.headroom)
+
+    def _squeeze(self, batch) -> None:
+        """Pressure with requests waiting (budget A3): running requests take their floor as
+        their budget, the largest first, and compact at its limit as under pressure. One
+        already within W tokens of that limit is squeezed only with a window slot (taken
+        now: its compaction waits for the window, W1), else at a later step, once one is
+        free; a step short of pages does not wait (room.py)."""
+        squeezed = 0
+        for req in sorted(batch.reqs, key=lambda r: -r.kv_committed_len):
+            st = getattr(req, "zipage", None)
+            if (st is None or st.squeezed_to is not None or st.shadow is not None
+                    or st.answer_col is not None or req.finished() or req.req_pool_idx is None):
+                continue
+            floor = self.floor_of(req)
+            if floor is None:
+                continue
+            suffix = request_state.suffix_len(req, floor)
+            if st.window_since < 0 and suffix >= floor.trigger - floor.window:
+                if not self.window.assign(req.req_pool_idx):
+                    continue
+                st.window_since = req.decode_batch_idx
+            st.squeezed_to = floor.kv_budget
+            squeezed += 1
+        self.stats.squeezed(squeezed)
 
     def item(self, req, st, suffix: int, kept: int, windowless: bool = False,
              tail: int = 0) -> CompactionItem:
