@@ -403,6 +403,9 @@ def soak(args, argv=None) -> dict:
         "aborted_after_a_compaction": sum(1 for o in outs if o.status == "aborted" and o.compactions),
         "completed_with_compactions": sum(1 for o in outs if o.status == "completed" and o.compactions),
         "retractions_of_completed": sum(o.retractions for o in outs if o.status == "completed"),
+        "retracted": [dict(index=o.index, retractions=o.retractions, budget=jobs[o.index].budget,
+                           prompt=jobs[o.index].prompt_kind, compactions=o.compactions)
+                      for o in outs if o.status == "completed" and o.retractions],
         "load_s": round(load_s, 1), "total_s": round(time.perf_counter() - t0, 1),
     }
     if z_before is not None and z_after is not None:

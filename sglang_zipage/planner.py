@@ -185,15 +185,17 @@ class Planner:
         already within W tokens of that limit is squeezed only with a window slot (taken
         now: its compaction waits for the window, W1), else at a later step, once one is
         free; a step short of pages does not wait (room.py)."""
-        squeezed = 0
-        for req in sorted(batch.reqs, key=lambda r: -r.kv_committed_len):
+        candidates = []  # (kv length, request, its state, its budget once squeezed)
+        for req in batch.reqs:
             st = getattr(req, "zipage", None)
             if (st is None or st.squeezed_to is not None or st.shadow is not None
                     or st.answer_col is not None or req.finished() or req.req_pool_idx is None):
                 continue
             floor = self.floor_of(req)
-            if floor is None:
-                continue
+            if floor is not None:
+                candidates.append((req.kv_committed_len, req, st, floor))
+        squeezed = 0
+        for _, req, st, floor in sorted(candidates, key=lambda c: -c[0]):
             suffix = request_state.suffix_len(req, floor)
             if st.window_since < 0 and suffix >= floor.trigger - floor.window:
                 if not self.window.assign(req.req_pool_idx):
