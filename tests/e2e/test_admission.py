@@ -9,15 +9,12 @@ Run: .venv/bin/python -m pytest tests/e2e/test_admission.py
 """
 
 import json
-import shutil
 import subprocess
 import sys
 
 import pytest
 
-from sglang_zipage.harness.engines import tiny_model_dir
-from sglang_zipage.harness.server import STRICT_MEM_ENV, Server
-from zipage_server import POOL_TOKENS, REPO, SMALL_BUDGET, assert_healthy
+from zipage_server import REPO, assert_healthy, tiny_range_server
 
 PROMPT, LIMIT, FLOOR = 16, 64 + 16, 32
 WORST_CASE_RUNNING = 6  # 640 // (prompt + limit + a page + the allocator's page)
@@ -25,14 +22,7 @@ WORST_CASE_RUNNING = 6  # 640 // (prompt + limit + a page + the allocator's page
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
-    model = tiny_model_dir()
-    srv = Server(["--model-path", model, "--load-format", "dummy", "--skip-tokenizer-init",
-                  "--max-total-tokens", POOL_TOKENS, *SMALL_BUDGET,
-                  "--zipage-min-kv-budget", str(FLOOR)],
-                 tmp_path_factory.mktemp("admission") / "server.log", env=STRICT_MEM_ENV)
-    yield srv
-    srv.stop()
-    shutil.rmtree(model, ignore_errors=True)
+    yield from tiny_range_server(tmp_path_factory, "admission", FLOOR)
 
 
 def _prompts(n, first):

@@ -10,27 +10,16 @@ has a server of its own.
 Run: .venv/bin/python -m pytest tests/e2e/test_budget_range.py
 """
 
-import shutil
-
 import pytest
 
-from sglang_zipage.harness.engines import tiny_model_dir
-from sglang_zipage.harness.server import STRICT_MEM_ENV, Server
-from zipage_server import POOL_TOKENS, SMALL_BUDGET, assert_healthy
+from zipage_server import assert_healthy, tiny_range_server
 
 FLOOR = 32
 
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
-    model = tiny_model_dir()
-    srv = Server(["--model-path", model, "--load-format", "dummy", "--skip-tokenizer-init",
-                  "--max-total-tokens", POOL_TOKENS, *SMALL_BUDGET,
-                  "--zipage-min-kv-budget", str(FLOOR)],
-                 tmp_path_factory.mktemp("budget-range") / "server.log", env=STRICT_MEM_ENV)
-    yield srv
-    srv.stop()
-    shutil.rmtree(model, ignore_errors=True)
+    yield from tiny_range_server(tmp_path_factory, "budget-range", FLOOR)
 
 
 def _crowd(server, first, **params):

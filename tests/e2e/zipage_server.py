@@ -120,3 +120,22 @@ def load_example(name: str):
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
+
+
+def tiny_range_server(tmp_path_factory, name: str, floor: int):
+    """A module's server (yield from it in a fixture): the 2-layer dummy Qwen3, elastic, the
+    small budget in a POOL_TOKENS pool, a budget range down to ``floor``, SGLang's strict
+    memory checker after every step."""
+    import shutil
+
+    from sglang_zipage.harness.engines import tiny_model_dir
+    from sglang_zipage.harness.server import STRICT_MEM_ENV, Server
+
+    model = tiny_model_dir()
+    srv = Server(["--model-path", model, "--load-format", "dummy", "--skip-tokenizer-init",
+                  "--max-total-tokens", POOL_TOKENS, *SMALL_BUDGET,
+                  "--zipage-min-kv-budget", str(floor)],
+                 tmp_path_factory.mktemp(name) / "server.log", env=STRICT_MEM_ENV)
+    yield srv
+    srv.stop()
+    shutil.rmtree(model, ignore_errors=True)
