@@ -175,9 +175,6 @@ class ZipageConfig:
             return f"must be at most the budget ({kv_budget}), got {min_kv_budget}"
         if min_kv_budget < kv_budget and self.mode != "elastic":
             return "a budget range squeezes under pressure: it needs --zipage-mode elastic"
-        if min_kv_budget < kv_budget and self.compress_prompt:
-            return ("a budget range does not go with --zipage-compress-prompt yet (together "
-                    "they fail SGLang's strict memory checker in a soak; issue 30)")
         return None
 
     # ---------------------------------------------------------- transport

@@ -22,7 +22,7 @@ from typing import Optional
 import torch
 
 from sglang_zipage import kv_layout, memory, request_state
-from sglang_zipage.budget import Budget, Budgets, peak_growth
+from sglang_zipage.budget import Budget, Budgets, floor_page, peak_growth
 from sglang_zipage.config import ZipageConfig
 from sglang_zipage.counters import Counters
 from sglang_zipage.decisions import DecisionLog
@@ -207,9 +207,15 @@ class ZipageRuntime:
         return request_state.physical_len(req, logical)
 
     def keeps_outputs_private(self, req, filled: int) -> bool:
-        """A re-prefill that reaches past the prompt (after retraction) keeps its output KV
-        out of the radix tree: only the request's own columns can be compressed."""
-        return filled > len(req.origin_input_ids) and self.budget_of(req) is not None
+        """Columns the request owns stay out of the radix tree: a re-prefill's output (after
+        retraction; only the request's own columns can be compressed), and a prompt it copied
+        (own_prompt.py) before its last chunk's result came to be cached (overlap)."""
+        if self.budget_of(req) is None:
+            return False
+        st = getattr(req, "zipage", None)
+        copied = (st is not None and st.c0 is not None
+                  and st.c0 < floor_page(filled, self.planner.page_size))
+        return filled > len(req.origin_input_ids) or copied
 
     # ------------------------------------------------------- decode step
     def before_decode(self, batch) -> None:

@@ -60,6 +60,33 @@ def test_an_unshared_prompt_compresses_with_the_output_and_stays_cached(server):
     assert_healthy(server)
 
 
+def test_a_prompt_whose_last_chunk_adds_no_full_page(tmp_path):
+    """Pages of 16, chunks of 64 and 2 x 64 + 7 prompt tokens: the tree has every full page
+    of the prompt before its last chunk's result, which the overlap scheduler processes after
+    the request's first decode step was planned, where its prompt is copied. That late insert
+    must not take the copy back (it freed the copy, and compactions then freed tree pages):
+    the strict memory checker, the request's limit and the prompt cached after it say so."""
+    model = tiny_model_dir()
+    srv = Server(["--model-path", model, "--load-format", "dummy", "--skip-tokenizer-init",
+                  "--max-total-tokens", POOL_TOKENS, "--chunked-prefill-size", CHUNK_TOKENS,
+                  "--page-size", "16", *SMALL_BUDGET, *FIXED_MODE, "--zipage-no-loop-guard",
+                  "--zipage-compress-prompt"], tmp_path / "p.log", env=STRICT_MEM_ENV)
+    try:
+        prompt = _ids(900, 2 * int(CHUNK_TOKENS) + 7)
+        (out,) = srv.generate_ids([prompt], [_greedy(200)])
+        meta = out["meta_info"]
+        assert meta["completion_tokens"] == 200 and meta["zipage_compactions"] >= 2, meta
+        assert meta["zipage_kv_len"] <= LIMIT, meta
+        state = srv.zipage_state()
+        assert (state["prompt_copies"], state["prompt_tokens_owned"]) == (1, 128), state
+        (again,) = srv.generate_ids([prompt], [_greedy(20)])
+        assert again["meta_info"]["cached_tokens"] >= 128, again["meta_info"]
+        assert_healthy(srv)
+    finally:
+        srv.stop()
+        shutil.rmtree(model, ignore_errors=True)
+
+
 def test_the_copied_prompt_reads_as_the_original(server):
     """Before its first compaction (12 tokens: its window of 16 is not full yet) a request
     that copied its prompt decodes what the same request does without compression

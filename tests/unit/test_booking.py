@@ -110,9 +110,7 @@ def test_a_budget_range_is_checked_once_where_it_is_set():
         ZipageConfig(kv_budget=64, buffer=16, min_kv_budget=40).validate(page_size=16)
     with pytest.raises(ZipageConfigError, match="--zipage-min-kv-budget.*window"):
         ZipageConfig(kv_budget=64, buffer=16, min_kv_budget=8).validate()
-    with pytest.raises(ZipageConfigError, match="--zipage-min-kv-budget.*--zipage-compress-prompt"):
-        ZipageConfig(kv_budget=64, buffer=16, min_kv_budget=32, compress_prompt=True).validate()
-    ZipageConfig(kv_budget=64, buffer=16, min_kv_budget=64, compress_prompt=True).validate()
+    ZipageConfig(kv_budget=64, buffer=16, min_kv_budget=32, compress_prompt=True).validate()
 
 
 def test_a_requests_floor_rides_in_custom_params_and_is_checked_against_its_budget():
@@ -124,5 +122,5 @@ def test_a_requests_floor_rides_in_custom_params_and_is_checked_against_its_budg
     with pytest.raises(ValueError, match="zipage_min_kv_budget.*page size 16"):
         move_to_custom_params({MIN_BUDGET: 40}, cfg, 16)
     squeezing_prompts = ZipageConfig(kv_budget=64, buffer=16, compress_prompt=True)
-    with pytest.raises(ValueError, match="zipage_min_kv_budget.*--zipage-compress-prompt"):
-        move_to_custom_params({MIN_BUDGET: 32}, squeezing_prompts, 16)
+    assert move_to_custom_params({MIN_BUDGET: 32}, squeezing_prompts, 16)["custom_params"] == {
+        MIN_BUDGET: 32}
