@@ -54,8 +54,7 @@ common=(--output-len "$len" --num-prompts 8000 --request-rate 8
         --disable-prefill-cuda-graph --zipage-kv-budget 2048 --zipage-buffer 256
         --attention-backend flashinfer --commit "$commit" "$@")
 one() {  # one run: stock, zipage, zipage-minN (--zipage-min-kv-budget N), zipage-prompt
-  # (--zipage-compress-prompt), or zipage-prompt-minN (both: refused together since a CPU soak
-  # failed SGLang's strict memory checker with them, README "Admission")
+  # (--zipage-compress-prompt), or zipage-prompt-minN (both)
   local name=$1 flags=(--engine "${1%%-*}")
   [[ $name == *-min* ]] && flags+=(--zipage-min-kv-budget "${name##*-min}")
   [[ $name == *-prompt* ]] && flags+=(--zipage-compress-prompt)
