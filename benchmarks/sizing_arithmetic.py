@@ -2,19 +2,16 @@
 """The README's sizing arithmetic ("Sizing the budget"), as numbers: the tokens a running
 request holds on average in a long run, for stock and for zipage (prompt kept whole or
 compressed, at the budget or squeezed to a floor), and the running-request ratios they give
-in one pool. Arithmetic over ints, not a measurement.
-
-Outputs are uniform over [L/2, L] (bench_serving --random-range-ratio 0.5); a request counts
-in proportion to how long it runs (each output token is one decode step). Stock holds prompt +
-output so far. Zipage under pressure: its suffix (the output, plus the prompt when compressed)
-grows to budget + buffer, then cycles between budget and budget + buffer (mean budget +
-buffer / 2); a kept prompt stays beside it.
+in one pool. Arithmetic, not a measurement (sglang_zipage/harness/sizing.py says how a
+request's holding is counted), over prompts uniform in [P/2, P] and outputs uniform in [L/2, L]
+(bench_serving --random-range-ratio 0.5 spreads both).
 
 A larger batch makes a step longer: a line through the long-run rows of --measured
 (steady state, both engines, pool full: step = a + b x running requests, least squares) turns
-the running requests of each row into output tokens/s, as a ratio to stock's measured row.
+the running requests of each row into output tokens/s, as a ratio to stock's measured row at
+8k, and at other lengths to stock's running requests by the same arithmetic.
 
-  python3 benchmarks/sizing_arithmetic.py --out benchmarks/results/sizing-arithmetic.json
+  .venv/bin/python benchmarks/sizing_arithmetic.py --out benchmarks/results/sizing-arithmetic.json
 """
 
 from __future__ import annotations
@@ -23,24 +20,7 @@ import argparse
 import json
 import sys
 
-
-def mean_held(prompt: int, lengths, held) -> float:
-    """Step-weighted mean of held(t) over every request's steps t < length."""
-    total = steps = 0
-    for n in lengths:
-        total += sum(held(t) for t in range(n))
-        steps += n
-    return total / steps
-
-
-def zipage_held(prompt: int, budget: int, buffer: int, own_prompt: bool):
-    limit = budget + buffer
-
-    def held(t: int) -> float:
-        suffix = t + (prompt if own_prompt else 0)
-        mean = budget + buffer / 2 if suffix >= limit else suffix  # cycling once reached
-        return mean + (0 if own_prompt else prompt)
-    return held
+from sglang_zipage.harness.sizing import long_run_tokens, output_lengths, stock_held, zipage_held
 
 
 def step_line(points):
@@ -65,38 +45,45 @@ def measured_steps(path: str, load: str):
 
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--prompt", type=int, default=512)
+    p.add_argument("--prompt", type=int, default=512, help="bench_serving --random-input-len")
     p.add_argument("--budget", type=int, default=2048)
     p.add_argument("--buffer", type=int, default=256)
     p.add_argument("--floor", type=int, default=1024)
     p.add_argument("--output-lens", default="8192,16384")
-    p.add_argument("--step", type=int, default=64, help="output lengths sampled every STEP")
     p.add_argument("--measured", default="benchmarks/results/throughput-h200.json")
     p.add_argument("--measured-load", default="poisson:rate=8:output_len=8192:range_ratio=0.5")
     p.add_argument("--pool", type=int, default=733396, help="zipage's pool (the 8k rows')")
     p.add_argument("--pool-use", type=float, default=0.95, help="(measured at the defaults: 0.96)")
+    p.add_argument("--stock-pool", type=int, default=749782)
+    p.add_argument("--stock-pool-use", type=float, default=0.92, help="(measured at 8k: 0.92)")
     p.add_argument("--out", default=None)
     args = p.parse_args(argv)
     points, (stock_n, stock_step), sources = measured_steps(args.measured, args.measured_load)
     a, b, worst = step_line(points)
     stock_rate = stock_n / stock_step
 
-    def predicted(tokens: float) -> dict:
+    def predicted(tokens: float, stock_rate: float, against: str) -> dict:
         n = args.pool * args.pool_use / tokens
         return {"running": round(n), "step_ms": round(a + b * n, 1),
-                "tok_s_vs_stock": round(n / (a + b * n) / stock_rate, 2)}
+                "tok_s_vs_stock": round(n / (a + b * n) / stock_rate, 2), "against": against}
     rows = {}
     for top in map(int, args.output_lens.split(",")):
-        lengths = range(top // 2, top + 1, args.step)
-        stock = mean_held(args.prompt, lengths, lambda t: args.prompt + t)
+        lengths, prompts = output_lengths(top, 0.5), output_lengths(args.prompt, 0.5)
+        stock = long_run_tokens(prompts, lengths, stock_held)
         row = {"stock_tokens": round(stock)}
+        against = "stock's measured long-run row"
+        if top == 8192:  # the measured load's length
+            rate = stock_rate
+        else:  # stock at the same arithmetic and its pool use at 8k
+            n_stock = args.stock_pool * args.stock_pool_use / stock
+            rate, against = n_stock / (a + b * n_stock), f"stock by the same arithmetic: {n_stock:.0f} running"
         for name, budget, own in (("kept", args.budget, False), ("compressed", args.budget, True),
                                   ("kept_floor", args.floor, False),
                                   ("compressed_floor", args.floor, True)):
-            z = mean_held(args.prompt, lengths, zipage_held(args.prompt, budget, args.buffer, own))
+            z = long_run_tokens(prompts, lengths,
+                                lambda prompt: zipage_held(prompt, budget, args.buffer, own))
             row[name] = {"tokens": round(z), "running_vs_stock": round(stock / z, 2)}
-            if top == 8192:  # the measured load's length
-                row[name]["predicted_at_8k"] = predicted(z)
+            row[name]["predicted"] = predicted(z, rate, against)
         row["compressed_vs_kept_running"] = round(row["kept"]["tokens"]
                                                   / row["compressed"]["tokens"], 2)
         rows[str(top)] = row
@@ -105,7 +92,7 @@ def main(argv=None):
             "stock": {"running": stock_n, "step_ms": stock_step},
             "running_for_ratio": {str(x): round(x * stock_rate * a / (1 - x * stock_rate * b))
                                   for x in (1.8, 2.5)}}
-    res = {"command": "python3 " + " ".join(sys.argv), "settings": vars(args), "rows": rows,
+    res = {"command": "python " + " ".join(sys.argv), "settings": vars(args), "rows": rows,
            "step_line": step}
     text = json.dumps(res, indent=1)
     print(text)

@@ -38,6 +38,16 @@
 #     --window-end-s 1300 --num-prompts 11000
 # (~5 min to start on a fresh machine + 1300 s + the drain: ~27.5 minutes held), then zipage,
 # then zipage-min1024, in later sessions with the same flags, merged as above.
+# A warm start (--warm-start auto, sglang_zipage/harness/warm_start.py) skips the wait for
+# the turnover: each engine's load begins with as many requests as its pool holds in a long
+# run, drawn as a long run's running set (remaining lengths; for stock the ages as prompt
+# tokens), so both engines of a 16k pair fit one session:
+#   RUNS="stock zipage" bash benchmarks/steady_pair.sh 16384 /tmp/ss SHA --range-ratio 0.5 \
+#     --warm-start auto --window-start-s 150 --window-end-s 480 --num-prompts 4500
+# (~2 x (2.5 min to start + 480 s + the drain) + the machine's start: ~25 minutes held),
+# merged without --long-run (each run's own window; its row says "span": "warm-start"). Its
+# check against a long run: RUNS=stock at 8192 with the same flags, beside the stock run of
+# results/steady-8k-r05-long-run-h200.json (benchmarks/warm_start_check.py).
 # On a multi-GPU kind, GPUS="0 1 2" runs the RUNS at once, one GPU each (their own pools and
 # steps, as on one GPU; the client processes share the host's cores).
 # The first-wave pairs of results/steady-{8k,16k}-h200.json ran both engines in one session

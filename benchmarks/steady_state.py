@@ -93,7 +93,7 @@ import time
 import traceback
 from typing import Dict, List, Optional
 
-from sglang_zipage.harness import probe
+from sglang_zipage.harness import probe, warm_start
 from sglang_zipage.harness.engines import DEFAULT_MODEL, TINY_NAME, model_config, tiny_model_dir, vocab_size
 from sglang_zipage.harness.merge import WINDOW_KEYS, add_row, merge_steady, parse_spans, steady_summary
 from sglang_zipage.harness.record import REPO, command_line, git_commit, write_json
@@ -131,6 +131,15 @@ NOTES = {
 
 
 # ------------------------------------------------------------------ arguments
+def warm_size(text: str):
+    if text == "auto":
+        return text
+    n = int(text)
+    if n < 0:
+        raise argparse.ArgumentTypeError(f"a warm start of {n} requests")
+    return n
+
+
 def parse_args(argv: List[str]):
     """Our flags, and the rest: server flags passed through unchanged."""
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0], allow_abbrev=False,
@@ -148,6 +157,10 @@ def parse_args(argv: List[str]):
     a("--range-ratio", type=float, default=1.0, help="bench_serving --random-range-ratio")
     a("--max-concurrency", type=int, default=None, help="bench_serving's in-flight cap")
     a("--seed", type=int, default=1, help="bench_serving --seed")
+    a("--warm-start", type=warm_size, default=0, metavar="N|auto",
+      help="send N requests at once before the Poisson stream, drawn as a long run's running "
+           "set (harness/warm_start.py): remaining lengths, and for stock the ages as prompt; "
+           "auto: as many as the engine's pool holds in a long run (harness/sizing.py)")
     a("--temperature", type=float, default=1.0,
       help="sampling temperature of every request (bench_serving's sglang client sends its "
            "args.temperature, 0 unless set, which its CLI does not expose): greedy outputs "
@@ -228,9 +241,10 @@ def bench_serving_argv(args, url: str, tokenizer_dir: str, report_path: str) -> 
 
 
 def start_bench_serving(bench_argv: List[str], t0_file: str, stop_after_s: float, log_path: str,
-                        temperature: float):
+                        temperature: float, warm: List[str]):
     cmd = [sys.executable, os.path.abspath(__file__), CHILD, "--t0-file", t0_file,
-           "--stop-after-s", str(stop_after_s), "--temperature", str(temperature), "--", *bench_argv]
+           "--stop-after-s", str(stop_after_s), "--temperature", str(temperature), *warm, "--",
+           *bench_argv]
     log("bench_serving: " + " ".join(shlex.quote(c) for c in cmd))
     return subprocess.Popen(cmd, stdout=open(log_path, "w"), stderr=subprocess.STDOUT,
                             env={**os.environ, **OFFLINE_ENV}, cwd=REPO)
@@ -272,6 +286,21 @@ def with_temperature(run_benchmark, temperature: float):
     return run
 
 
+def warm_dataset(get_dataset, own):
+    """bench_serving's get_dataset with its first rows made the warm set (warm_start.py),
+    written to --warm-file."""
+    def load(args_, *a, **kw):
+        rows = get_dataset(args_, *a, **kw)
+        made = warm_start.warm_rows(rows, own.warm, args_.random_output_len,
+                                    args_.random_range_ratio, args_.seed,
+                                    own.warm_ages_in_prompt, own.vocab)
+        write_json(made, own.warm_file, indent=None)
+        print(f"[steady_state] warm start: {own.warm} requests at once, ages "
+              f"{'in' if own.warm_ages_in_prompt else 'not in'} their prompts", flush=True)
+        return rows
+    return load
+
+
 def bench_serving_child(argv: List[str]) -> None:
     """``steady_state.py bench-serving-child --t0-file F --stop-after-s S --temperature T --
     BENCH_SERVING_ARGS``"""
@@ -280,15 +309,33 @@ def bench_serving_child(argv: List[str]) -> None:
     p.add_argument("--t0-file", required=True)
     p.add_argument("--stop-after-s", type=float, required=True)
     p.add_argument("--temperature", type=float, required=True)
+    p.add_argument("--warm", type=int, default=0)
+    p.add_argument("--warm-file", default=None, help="where the warm set's rows are written")
+    p.add_argument("--warm-ages-in-prompt", action="store_true")
+    p.add_argument("--vocab", type=int, default=None)
     own = p.parse_args(argv[:split])
     from sglang.benchmark import serving
 
     serving.run_benchmark = with_temperature(serving.run_benchmark, own.temperature)
-    serving.get_request = arrivals_until(serving.get_request, own.t0_file, own.stop_after_s)
+    get_request = serving.get_request
+    if own.warm:
+        serving.get_dataset = warm_dataset(serving.get_dataset, own)
+        get_request = warm_start.burst_then(get_request, own.warm)
+    serving.get_request = arrivals_until(get_request, own.t0_file, own.stop_after_s)
     for backend in ("sglang", "sglang-native"):
         serving.ASYNC_REQUEST_FUNCS[backend] = tokens_required(serving.ASYNC_REQUEST_FUNCS[backend])
     sys.argv = ["sglang.bench_serving", *argv[split + 1:]]
     serving.cli_main()
+
+
+def warm_summary(rows: List[Dict], ages_in_prompt: bool) -> Dict:
+    """What the warm set was: its size, mean age and remaining length, prefill tokens."""
+    n = len(rows)
+    return dict(requests=n, ages_in_prompt=ages_in_prompt,
+                mean_length=round(sum(r["length"] for r in rows) / n, 1),
+                mean_age=round(sum(r["age"] for r in rows) / n, 1),
+                mean_output_len=round(sum(r["output_len"] for r in rows) / n, 1),
+                prompt_tokens=sum(r["prompt_len"] for r in rows), rows=rows)
 
 
 def read_report(path: str) -> Optional[Dict]:
@@ -325,6 +372,7 @@ class Run:
                         load=dict(num_prompts=args.num_prompts, request_rate=args.request_rate,
                                   input_len=args.input_len, output_len=args.output_len,
                                   range_ratio=args.range_ratio, max_concurrency=args.max_concurrency,
+                                  warm_start=args.warm_start,
                                   temperature=args.temperature,
                                   seed=args.seed, window_start_s=args.window_start_s,
                                   window_end_s=args.window_end_s),
@@ -350,8 +398,19 @@ class Run:
         bench_argv = bench_serving_argv(self.args, self.server.url,
                                         os.path.join(self.work, "tokenizer"), self.report_path)
         self.doc["load"]["bench_serving_argv"] = bench_argv
+        warm_file = os.path.join(self.work, "warm_start.json")
+        warm, n = [], self.args.warm_start
+        if n == "auto":
+            n = warm_start.own_count(self.doc["server"]["info"], self.args.input_len,
+                                     self.args.output_len, self.args.range_ratio)
+            log(f"warm start: {n} requests, the {self.args.engine} pool's long-run running set")
+        if n:
+            warm = ["--warm", str(n), "--warm-file", warm_file,
+                    "--vocab", str(vocab_size(self.model_dir))]
+            warm += ["--warm-ages-in-prompt"] if self.args.engine == "stock" else []
         self.child = start_bench_serving(bench_argv, self.t0_file, self.args.window_end_s,
-                                         self.base + "-bench_serving.log", self.args.temperature)
+                                         self.base + "-bench_serving.log", self.args.temperature,
+                                         warm)
         deadline = time.time() + self.args.load_start_timeout_s
         while not os.path.exists(self.t0_file):
             self.check_alive(child_may_end=False)
@@ -360,6 +419,9 @@ class Run:
             time.sleep(0.5)
         with open(self.t0_file) as f:
             self.t0 = float(f.read())
+        if warm:
+            self.doc["warm_start"] = warm_summary(json.load(open(warm_file)),
+                                                  ages_in_prompt="--warm-ages-in-prompt" in warm)
         self.doc.update(status="running", load_started=time.strftime(
             "%Y-%m-%d %H:%M:%S", time.localtime(self.t0)))
         log(f"load started; window {self.args.window_start_s}-{self.args.window_end_s} s")

@@ -258,7 +258,9 @@ def throughput_row(merged: Dict, source: str) -> Dict:
                     window_start_s=w["start_s"], window_end_s=w["end_s"],
                     **{k: w.get(k) for k in ROW_WINDOW_KEYS},
                     bench_serving={k: rnd(run["bench_serving"][k], 2) for k in ROW_BENCH_KEYS
-                                   if k in run["bench_serving"]})
+                                   if k in run["bench_serving"]},
+                    **({"warm_start_requests": run["warm_start"]["requests"]}
+                       if run.get("warm_start") else {}))
 
     stock, zipage = engine(engines["stock"]), engine(engines["zipage"])
     zipage_cmd = zipage["server_command"]
@@ -281,9 +283,12 @@ def throughput_row(merged: Dict, source: str) -> Dict:
         stock=stock, zipage=zipage, stock_output_tok_s=stock["output_tok_s"],
         zipage_output_tok_s=zipage["output_tok_s"], ratio=merged["output_tok_s_ratio"],
         compaction_share=zipage["compaction_share"], regime="steady-state",
-        # long-run: the window starts after stock's first running set turned over
-        span=("long-run" if turns["stock"] is not None and stock["window_start_s"] >= turns["stock"]
+        # long-run: the window starts after stock's first running set turned over; warm-start:
+        # the load began with a long run's running set (warm_start.py)
+        span=("warm-start" if load.get("warm_start") else
+              "long-run" if turns["stock"] is not None and stock["window_start_s"] >= turns["stock"]
               else "first-wave"),
+        **({"warm_start": load["warm_start"]} if load.get("warm_start") else {}),
         attention_backend=backends.pop() if len(backends) == 1 else sorted(map(str, backends)),
         **({"zipage_min_kv_budget": int(floor)} if floor else {}),
         **({"zipage_compress_prompt": True}
@@ -295,7 +300,8 @@ def throughput_row(merged: Dict, source: str) -> Dict:
 
 def add_row(merged_path: str, results_path: str) -> Dict:
     """Put a merged file's row into a bench_throughput result file, replacing the row of the
-    same load, attention backend, budget floor and prompt compression, and write it back."""
+    same load, attention backend, budget floor, prompt compression and warm start, and write
+    it back."""
     with open(merged_path) as f:
         row = throughput_row(json.load(f), os.path.basename(merged_path))
     with open(results_path) as f:
@@ -304,7 +310,7 @@ def add_row(merged_path: str, results_path: str) -> Dict:
 
     def key(e):
         return (e.get("load"), e.get("attention_backend"), e.get("zipage_min_kv_budget"),
-                e.get("zipage_compress_prompt"))
+                e.get("zipage_compress_prompt"), e.get("warm_start"))
 
     same = [i for i, e in enumerate(loads) if key(e) == key(row)]
     if same:

@@ -173,6 +173,15 @@ def test_a_row_is_long_run_when_its_window_starts_after_stocks_turnover(tmp_path
     files[0].write_text(json.dumps(late))
     merge.merge_steady([str(f) for f in files], str(merged))
     assert merge.add_row(str(merged), str(results))["span"] == "first-wave"
+    for f in files:  # the same load begun with a long run's running set: a row of its own
+        doc = json.loads(f.read_text())
+        doc["load"]["warm_start"] = 200
+        f.write_text(json.dumps(doc))
+    merge.merge_steady([str(f) for f in files], str(merged))
+    row = merge.add_row(str(merged), str(results))
+    assert (row["span"], row["warm_start"]) == ("warm-start", 200)
+    assert [r["span"] for r in json.loads(results.read_text())["loads"]] == ["first-wave",
+                                                                            "warm-start"]
 
 
 def test_long_run_windows_start_at_stocks_turnover_in_both_runs(tmp_path):
