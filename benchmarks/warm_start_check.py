@@ -5,20 +5,23 @@ compares what their running sets hold over an early span and a late one: running
 requests, pool use, KV tokens a running request holds, retractions, output tok/s. A warm start
 does its job when its early span looks like the cold run's late span, not its early one.
 
-  python benchmarks/warm_start_check.py --runs stock-cold.json stock-warm.json \\
-      --spans 10-60,60-240 --out benchmarks/results/warm-start-cpu-tiny.json
+  .venv/bin/python benchmarks/warm_start_check.py --runs stock-cold.json stock-warm.json \
+      --spans 0-40,40-120,120-330 --out benchmarks/results/warm-start-cpu-tiny.json
 
-The runs behind results/warm-start-cpu-tiny.json (this 2-core CPU, about 4.5 minutes each):
-  ARGS="--tiny --num-prompts 3000 --input-len 32 --output-len 400 --range-ratio 0.5 \\
-    --request-rate 12 --window-start-s 60 --window-end-s 240 --max-total-tokens 2048 \\
-    --attention-backend torch_native --zipage-kv-budget 64 --zipage-buffer 16 \\
-    --zipage-memory-fraction 0.5"
+The runs behind results/warm-start-cpu-tiny.json (this 2-core CPU, about 6.5 minutes each;
+outputs of 1.5k-3k tokens live about a minute, so a cold start's first running set takes
+most of two to turn over):
+  ARGS="--tiny --num-prompts 1500 --input-len 32 --output-len 3000 --range-ratio 0.5 \
+    --request-rate 4 --window-start-s 120 --window-end-s 330 --max-total-tokens 16384 \
+    --attention-backend torch_native --zipage-kv-budget 512 --zipage-buffer 64 \
+    --zipage-memory-fraction 0.2"
   for e in stock zipage; do
-    .venv/bin/python benchmarks/steady_state.py --engine $e $ARGS --out /tmp/ws/$e-cold.json
-    .venv/bin/python benchmarks/steady_state.py --engine $e $ARGS --warm-start 10 \\
-      --out /tmp/ws/$e-warm.json
+    .venv/bin/python benchmarks/steady_state.py --engine $e $ARGS --out L-$e-cold.json
+    .venv/bin/python benchmarks/steady_state.py --engine $e $ARGS --warm-start auto \
+      --out L-$e-warm.json
   done
-(10 = harness.warm_start.stock_count(2048, 32, 400, 0.5): the pool over prompt + mean age.)
+A CPU step costs per running request, not per pool token, so tok/s here says little; the
+running requests and what each holds are what the check compares.
 """
 
 from __future__ import annotations
