@@ -75,6 +75,8 @@ def warm_rows(rows: list, n: int, full_len: int, range_ratio: float, seed: int,
     if n > len(rows):
         raise ValueError(f"a warm start of {n} requests needs at least as many prompts; "
                          f"the load has {len(rows)}")
+    if ages_in_prompt and any(isinstance(row.prompt, str) for row in rows[:n]):
+        raise ValueError("ages go into prompts of token ids (bench_serving --tokenize-prompt)")
     made = []
     for row, (length, age) in zip(rows[:n], draw(n, full_len, range_ratio, seed)):
         if ages_in_prompt and age:

@@ -98,6 +98,9 @@ def test_warm_rows_ask_for_the_remaining_tokens_and_carry_the_age_where_asked(ag
             assert row.text_prompt_len == row.prompt_len  # the run of consecutive ids goes on, within the vocabulary
             assert np.all(np.diff(np.array(row.prompt) % vocab) % vocab == 1)
     assert all(r.output_len == 400 and r.prompt_len == 32 for r in load[6:])  # the stream
+    texts = [Row(prompt="t1 t2", prompt_len=2, output_len=400)]
+    with pytest.raises(ValueError, match="token ids"):
+        warm_start.warm_rows(texts, 1, 400, 0.5, 0, True, vocab)
     with pytest.raises(ValueError, match="at least as many prompts"):
         warm_start.warm_rows(rows(3, vocab), 4, 400, 0.5, 0, True, vocab)
 
