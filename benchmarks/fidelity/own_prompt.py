@@ -40,7 +40,7 @@ def first_compaction(run) -> int:
 def main(argv=None):
     args = parse_args(argv)
     model, items, ref = for_texts(args.model, args.n_texts, args.prompt_len, args.cont_len,
-                                  args.dtype, args.device)
+                                  args.dtype, args.device, args.long_enough)
     kept = Eviction(budget=args.budget, buffer=args.buffer, window=args.window)
     rows = {"full": None, "prompt_kept": kept,
             "prompt_compressed": dataclasses.replace(kept, own_prompt=True),

@@ -14,6 +14,11 @@ pooling 5 (the engine's defaults). Every row is scored over the same steps, thos
 CPU (the bundled SmolLM2, the fidelity CPU preset's texts and lengths; about 15 minutes):
   .venv/bin/python benchmarks/fidelity/squeeze.py --budget 128 --floor 64 --squeeze-at 256 \\
       --out benchmarks/results/fidelity-squeeze-cpu.json
+At the default budget (2048 + 256, squeezed to 1024 at step 2560, after the first
+compaction): the 5 of fidelity.json's 12 texts with at least 64 + 3600 tokens, on the CPU:
+  .venv/bin/python benchmarks/fidelity/squeeze.py --n-texts 12 --long-enough --cont-len 3600 \
+      --budget 2048 --floor 1024 --buffer 256 --squeeze-at 2560 \
+      --out benchmarks/results/fidelity-squeeze-2048-cpu.json
 GPU (a realistic budget needs outputs of several thousand tokens; fidelity.json's texts):
   python benchmarks/fidelity/squeeze.py --device cuda --dtype bfloat16 --cont-len 4096 \\
       --budget 2048 --floor 1024 --squeeze-at 2560 --buffer 256 --n-texts 12 --out ...
@@ -47,7 +52,7 @@ def parse_args(argv=None):
 def main(argv=None):
     args = parse_args(argv)
     model, items, ref = for_texts(args.model, args.n_texts, args.prompt_len, args.cont_len,
-                                  args.dtype, args.device)
+                                  args.dtype, args.device, args.long_enough)
     base = Eviction(budget=args.budget, buffer=args.buffer, window=args.window)
     rows = {"full": None, "budget": base,
             "floor": dataclasses.replace(base, budget=args.floor),

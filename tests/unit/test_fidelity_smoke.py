@@ -142,3 +142,17 @@ def test_committed_texts_cover_the_full_set():
     assert len(raw) >= 10 and {t["kind"] for t in raw} == {"english", "math"}
     assert all(len(t["text"]) > 6000 and t["licence"] for t in raw)
     assert len(load_numeric_problems()) >= 50
+
+
+def test_long_enough_texts_are_picked_among_those_that_hold_prompt_and_continuation():
+    from transformers import AutoTokenizer
+
+    from sglang_zipage.harness.fidelity.texts import load_items
+    from sglang_zipage.model import bundled_model_path
+
+    tok = AutoTokenizer.from_pretrained(bundled_model_path())
+    with pytest.raises(ValueError, match="tokens <"):
+        load_items(tok, 12, 64, 3600)  # the shortest text has 1,943 tokens
+    items = load_items(tok, 12, 64, 3600, long_enough=True)
+    assert 0 < len(items) < 12 and {it.kind for it in items} == {"english", "math"}
+    assert all(len(it.prompt_ids) == 64 and len(it.ref_ids) == 3600 for it in items)

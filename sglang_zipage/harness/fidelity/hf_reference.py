@@ -198,6 +198,8 @@ def add_reference_args(p, prompt_len: int) -> None:
     own_prompt.py): texts, lengths, budget, buffer, window, where it runs and its output."""
     a = p.add_argument
     a("--n-texts", type=int, default=4)
+    a("--long-enough", action="store_true", help="pick the --n-texts texts among those of at "
+      "least --prompt-len + --cont-len tokens (fewer where fewer are)")
     a("--prompt-len", type=int, default=prompt_len)
     a("--cont-len", type=int, default=512)
     a("--budget", type=int, default=128)
@@ -210,16 +212,18 @@ def add_reference_args(p, prompt_len: int) -> None:
 
 
 def for_texts(model: Optional[str], n_texts: int, prompt_len: int, cont_len: int,
-              dtype: str = "float32", device: str = "cpu"):
+              dtype: str = "float32", device: str = "cpu", long_enough: bool = False):
     """(model path, texts.Item list, HFReference): the fidelity texts cut into prompt and
-    continuation with the model's tokenizer (the bundled SmolLM2 when ``model`` is None)."""
+    continuation with the model's tokenizer (the bundled SmolLM2 when ``model`` is None);
+    ``long_enough``: only texts of at least prompt + continuation tokens (texts.load_items)."""
     from transformers import AutoTokenizer
 
     from sglang_zipage.harness.fidelity.texts import load_items
     from sglang_zipage.model import bundled_model_path
 
     model = model or bundled_model_path()
-    items = load_items(AutoTokenizer.from_pretrained(model), n_texts, prompt_len, cont_len)
+    items = load_items(AutoTokenizer.from_pretrained(model), n_texts, prompt_len, cont_len,
+                       long_enough)
     return model, items, HFReference(model, dtype=getattr(torch, dtype), device=device)
 
 

@@ -65,10 +65,17 @@ def chat_ids(tok, user: str) -> List[int]:
     return tok(text, add_special_tokens=False)["input_ids"]
 
 
-def load_items(tok, n_texts: int, prompt_len: int, cont_len: int) -> List[Item]:
+def load_items(tok, n_texts: int, prompt_len: int, cont_len: int,
+               long_enough: bool = False) -> List[Item]:
+    """n texts (pick) cut into prompt and continuation; ``long_enough``: picked from the texts
+    of at least prompt_len + cont_len tokens only (else a shorter one is an error)."""
+    raw = load_raw()
+    ids_of = {t["id"]: tok(t["text"], add_special_tokens=False)["input_ids"] for t in raw}
+    if long_enough:
+        raw = [t for t in raw if len(ids_of[t["id"]]) >= prompt_len + cont_len]
     items = []
-    for t in pick(load_raw(), n_texts):
-        ids = tok(t["text"], add_special_tokens=False)["input_ids"]
+    for t in pick(raw, n_texts):
+        ids = ids_of[t["id"]]
         if len(ids) < prompt_len + cont_len:
             raise ValueError(f"{t['id']}: {len(ids)} tokens < {prompt_len} + {cont_len}")
         user = free_request(t)
