@@ -9,6 +9,12 @@
 #    (ignored by git) does the same, and the package reaches PYTHONPATH through a folder
 #    of its own instead of the repository root, where kernels/ would shadow PyPI's
 #    `kernels` as a top-level name.
+# (The tracked tree and the whole bundle are more than one call carries, 64 MiB: the two
+# largest wheels travel in .devbundle-big/ in a call of their own just before,
+#   run(command="mkdir -p /tmp/wheels && cp .devbundle-big/*.whl /tmp/wheels/", carry=[".devbundle-big"])
+# with `mkdir -p .devbundle-big && mv .devbundle/{sglang_kernel,flashinfer}*.whl .devbundle-big/`
+# here once; they join the rest of the bundle here.)
+[ -d /tmp/wheels ] && cp -n /tmp/wheels/*.whl .devbundle/
 source .devbundle/install.sh || return 1
 # (a copied tree may hold an empty sglang_zipage/kernels/ folder: it would import as a
 # namespace package, so it gives way to the link)
