@@ -85,7 +85,9 @@ fi
 for z in "$dir"/zipage*-"$len".json; do
   [ -e "$dir/stock-$len.json" ] && [ -e "$z" ] || continue
   tag=$(basename "$z" "-$len.json"); tag=${tag#zipage}
-  # the long-run windows, or (stock never turned over) each run's own: a first-wave row
+  # the long-run windows, or (stock never turned over; a warm start, whose aged requests
+  # end early, so its turnover says nothing) each run's own
+  [[ " $* " != *" --warm-start "* ]] &&
   $py benchmarks/steady_state.py --merge "$dir/stock-$len.json" "$z" --long-run \
     --out "$dir/steady$tag-$len.json" >> "$dir/progress" 2>&1 ||
     $py benchmarks/steady_state.py --merge "$dir/stock-$len.json" "$z" \
