@@ -16,6 +16,9 @@
 # here once; they join the rest of the bundle here.)
 [ -d /tmp/wheels ] && cp -n /tmp/wheels/*.whl .devbundle/
 source .devbundle/install.sh || return 1
+# the bundle installs without bytecode: compile it once per machine on all cores (seconds),
+# not module by module in the first server's processes (about a minute)
+[ -f /tmp/site/.compiled ] || { python3 -m compileall -q -j 0 /tmp/site > /dev/null 2>&1; touch /tmp/site/.compiled; }
 # (a copied tree may hold an empty sglang_zipage/kernels/ folder: it would import as a
 # namespace package, so it gives way to the link)
 [ -L sglang_zipage/kernels ] || { rm -rf sglang_zipage/kernels && ln -s ../kernels sglang_zipage/kernels; }
