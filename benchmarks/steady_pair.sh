@@ -45,7 +45,11 @@
 #   RUNS="stock zipage" bash benchmarks/steady_pair.sh 16384 /tmp/ss SHA --range-ratio 0.5 \
 #     --warm-start auto --window-start-s 150 --window-end-s 480 --num-prompts 4500
 # (~2 x (2.5 min to start + 480 s + the drain) + the machine's start: ~25 minutes held),
-# merged without --long-run (each run's own window; its row says "span": "warm-start"). Its
+# merged without --long-run (each run's own window; its row says "span": "warm-start"). Done
+# at 95fe77d (results/steady-16k-r05-warm-h200.json: 25 minutes held; stock's first start took
+# 307 s on the fresh machine, zipage's 68 s after it); zipage runs of a later session with
+# the same flags merge beside its stock run (RUNS="zipage-min1024 zipage-prompt-min1024" ...
+# --cuda-graph-max-bs-decode 768: the arithmetic runs 470 and 617 requests). Its
 # check against a long run: RUNS=stock at 8192 with the same flags, beside the stock run of
 # results/steady-8k-r05-long-run-h200.json (benchmarks/warm_start_check.py).
 # On a multi-GPU kind, GPUS="0 1 2" runs the RUNS at once, one GPU each (their own pools and
