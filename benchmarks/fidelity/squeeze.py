@@ -15,10 +15,12 @@ CPU (the bundled SmolLM2, the fidelity CPU preset's texts and lengths; about 15 
   .venv/bin/python benchmarks/fidelity/squeeze.py --budget 128 --floor 64 --squeeze-at 256 \\
       --out benchmarks/results/fidelity-squeeze-cpu.json
 At the default budget (2048 + 256, squeezed to 1024 at step 2560, after the first
-compaction): the 5 of fidelity.json's 12 texts with at least 64 + 3600 tokens, on the CPU:
-  .venv/bin/python benchmarks/fidelity/squeeze.py --n-texts 12 --long-enough --cont-len 3600 \
-      --budget 2048 --floor 1024 --buffer 256 --squeeze-at 2560 \
-      --out benchmarks/results/fidelity-squeeze-2048-cpu.json
+compaction): the 5 of fidelity.json's 12 texts with at least 64 + 3600 tokens, on the CPU
+(about 42 minutes on 2 cores; glibc's default mmap threshold lets the growing float32
+activations fragment the heap past 24 GiB, so large blocks go to mmap, ~2 GiB resident):
+  MALLOC_MMAP_THRESHOLD_=1048576 .venv/bin/python benchmarks/fidelity/squeeze.py \\
+      --n-texts 12 --long-enough --cont-len 3600 --budget 2048 --floor 1024 --buffer 256 \\
+      --squeeze-at 2560 --out benchmarks/results/fidelity-squeeze-2048-cpu.json
 GPU (a realistic budget needs outputs of several thousand tokens; fidelity.json's texts):
   python benchmarks/fidelity/squeeze.py --device cuda --dtype bfloat16 --cont-len 4096 \\
       --budget 2048 --floor 1024 --squeeze-at 2560 --buffer 256 --n-texts 12 --out ...
