@@ -49,7 +49,8 @@
 # at 95fe77d (results/steady-16k-r05-warm-h200.json: 25 minutes held; stock's first start took
 # 307 s on the fresh machine, zipage's 68 s after it); zipage runs of a later session with
 # the same flags merge beside its stock run (RUNS="zipage-min1024 zipage-prompt-min1024" ...
-# --cuda-graph-max-bs-decode 768: the arithmetic runs 470 and 617 requests). Its
+# --cuda-graph-max-bs-decode 768: the arithmetic runs 470 and 617 requests; done at d02de71,
+# results/steady-16k-r05-warm-{min1024,prompt-min1024}-h200.json: 3.51x and 4.15x). Its
 # check against a long run: RUNS=stock at 8192 with the same flags, beside the stock run of
 # results/steady-8k-r05-long-run-h200.json (benchmarks/warm_start_check.py).
 # On a multi-GPU kind, GPUS="0 1 2" runs the RUNS at once, one GPU each (their own pools and
