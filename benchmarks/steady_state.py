@@ -96,7 +96,7 @@ from typing import Dict, List, Optional
 from sglang_zipage.harness import probe, warm_start
 from sglang_zipage.harness.engines import DEFAULT_MODEL, TINY_NAME, model_config, tiny_model_dir, vocab_size
 from sglang_zipage.harness.merge import WINDOW_KEYS, add_row, merge_steady, parse_spans, steady_summary
-from sglang_zipage.harness.record import REPO, command_line, git_commit, write_json
+from sglang_zipage.harness.record import REPO, command_line, git_commit, gpu_name, write_json
 from sglang_zipage.harness.server import OFFLINE_ENV, Server, stop_process
 from sglang_zipage.harness.windows import Sampler, log, progress_line, steady_window, with_times
 
@@ -508,6 +508,9 @@ class Run:
         finally:
             if self.server is not None:
                 self.doc["server"]["pids_alive_after_stop"] = self.server.stop()
+            # which card (a call for one kind of GPU may get another): after the server, so
+            # this process's CUDA context never shrinks the pool it sized
+            self.doc["gpu"] = gpu_name()
             self.doc.pop("window_so_far", None)
             self.save()
             shutil.rmtree(self.work, ignore_errors=True)

@@ -212,11 +212,17 @@ def merge_steady(paths: List[str], out: str, spans: Optional[List[List[float]]] 
     # for its stock run beside a new zipage run)
     sources = list({d["engine"]: (p, d) for p, d in sources}.values())
     docs = [d for _, d in sources]
+    cards = {d["gpu"] for d in docs if d.get("gpu")}  # (older runs do not say)
+    if len(cards) > 1:
+        raise SystemExit("the runs ran on different cards (" + ", ".join(
+            f"{p}: {d.get('gpu')}" for p, d in sources) + "): a ratio needs both engines on one "
+            "kind of card; rerun the other engine there")
     engines = {d["engine"]: d for d in docs}
     res = dict(benchmark="steady_state (merged)",
                merged_from=[dict(path=p, engine=d["engine"], command=d.get("command"),
                                  commit=d.get("commit"), status=d.get("status"))
                             for p, d in sources],
+               gpu=cards.pop() if cards else None,
                summary=[steady_summary(d) for d in docs], engines=engines)
     if long_run:
         res["window_rule"] = LONG_RUN_RULE
@@ -293,7 +299,8 @@ def throughput_row(merged: Dict, source: str) -> Dict:
         **({"zipage_min_kv_budget": int(floor)} if floor else {}),
         **({"zipage_compress_prompt": True}
            if "--zipage-compress-prompt" in (zipage_cmd or "").split() else {}),
-        output_len=load["output_len"], source=f"{source} (time series, spans, notes)",
+        output_len=load["output_len"], gpu=merged.get("gpu"),
+        source=f"{source} (time series, spans, notes)",
         device_command=merged.get("device_command"), caveat=merged.get("caveat"),
         spans=merged.get("spans"))
 

@@ -210,3 +210,22 @@ def test_long_run_windows_start_at_stocks_turnover_in_both_runs(tmp_path):
                                     "samples": engine_run(100.0, [12])["samples"][:41]}))
     with pytest.raises(SystemExit, match="no long-run window"):  # stock never turned over
         merge.merge_steady([str(f) for f in files], str(tmp_path / "m.json"), long_run=True)
+
+
+def test_runs_on_different_cards_are_not_merged(tmp_path):
+    """A call for one kind of GPU may get another: a ratio of an H200 run to an H100 run would
+    compare pools of different sizes, so the merge refuses it and names both cards."""
+    def write(name, tok_s, gpu):
+        doc = {**engine_run(tok_s, [30]), "engine": name, "status": "done",
+               "command": f"run {name}", "window": {"output_tok_s": tok_s}, "bench_serving": {},
+               "gpu": gpu}
+        (tmp_path / f"{name}-{gpu}.json").write_text(json.dumps(doc))
+        return str(tmp_path / f"{name}-{gpu}.json")
+
+    stock = write("stock", 100.0, "NVIDIA H200")
+    with pytest.raises(SystemExit, match="NVIDIA H100 80GB HBM3"):
+        merge.merge_steady([stock, write("zipage", 150.0, "NVIDIA H100 80GB HBM3")],
+                           str(tmp_path / "m.json"))
+    merged = merge.merge_steady([stock, write("zipage", 150.0, "NVIDIA H200")],
+                                str(tmp_path / "m.json"))
+    assert merged["gpu"] == "NVIDIA H200" and merged["output_tok_s_ratio"] == 1.5
