@@ -55,11 +55,14 @@
 # results/steady-8k-r05-long-run-h200.json (benchmarks/warm_start_check.py).
 # The 8k check and the squeezed 8k pair at the floor rule are one session:
 #   RUNS="stock zipage-prompt-min1024" bash benchmarks/steady_pair.sh 8192 /tmp/ss SHA \
-#     --range-ratio 0.5 --warm-start auto --window-start-s 150 --window-end-s 480 --num-prompts 4500
+#     --range-ratio 0.5 --warm-start auto --window-start-s 90 --window-end-s 360 --num-prompts 3500
 # (stock keeps the long run's --cuda-graph-max-bs-decode 512; the arithmetic runs zipage at
-# 631). Tried at 1d7a531: the call named nvidia-h200 and got an H100 (pool 374,561 tokens;
-# stock's warm set 104 requests, ready in ~250 s), the machine's start took ~8 of the 30
-# minutes, and the machine was lost between two polls before zipage's run. Each run records
+# 631, under it on an H200). The shorter window leaves room for a machine's start, which can
+# take ~8 of the session's 30 minutes: ~4 min to start stock on a fresh machine, 360 s, the
+# drain, ~1 min to start zipage, 360 s: ~18 minutes. Tried at 1d7a531 with a 90-300 s window
+# (results/steady-8k-r05-warm-stock-attempt-h100.json): the call named nvidia-h200 and got an
+# H100 (pool 374,561 tokens; stock's warm set of 104 held 84-100% of it from 30 s on, ready in
+# 252 s), and the machine was lost between two polls before zipage's run. Each run records
 # its card ("gpu") and a merge refuses runs of two kinds of card.
 # On a multi-GPU kind, GPUS="0 1 2" runs the RUNS at once, one GPU each (their own pools and
 # steps, as on one GPU; the client processes share the host's cores).
