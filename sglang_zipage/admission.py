@@ -2,7 +2,9 @@
 
 A compressing request's growth is bounded and its end is known at the latest, so the
 running requests' growth is booked together, at its peak (budget.py A1, ``growths``), not as
-each one's worst case: SGLang's per-request estimate is 0 for them (``compresses``). A new
+each one's worst case: SGLang's per-request estimate is 0 for them (``compresses``). Those
+that already hold their budget give back a buffer every buffer steps (A1c), so theirs is
+booked as that cycle's peak, not as their rise to the limit (``Booking``). A new
 one is charged its prompt, a page and what it adds to that peak (``marginal``): while the
 running ones are about to end, a new one is admitted before they have ended (the hooks give
 SGLang's CLIP_MAX_NEW_TOKENS that value while SGLang considers it; elsewhere, e.g. a chunked
@@ -14,14 +16,34 @@ Duck-types SGLang's Req.
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from typing import List, Optional, Tuple
 
 from sglang_zipage import request_state
-from sglang_zipage.budget import Budget, peak_growth
+from sglang_zipage.budget import Budget, cycle_peak, peak_growth
 
 
 END_LAG = 2  # decode steps between a request's last token and its KV back in the pool
-# (the overlap scheduler frees it when it processes that step's results)
+# (the overlap scheduler frees it when it processes that step's results); a compaction's
+# freed pages are counted as late
+
+
+@dataclass
+class Booking:
+    """The running requests' growth for one admission pass: A1's (g, r, d) and A1c's first
+    drops (all budgets share the buffer and lag, so one period)."""
+
+    rising: List[Tuple[int, int, int]] = field(default_factory=list)
+    drops: List[int] = field(default_factory=list)
+    period: int = 1
+
+    def peak(self) -> int:
+        """What admission sets aside for them: A1's peak plus A1c's."""
+        return peak_growth(self.rising) + cycle_peak(self.drops, self.period)
+
+    def add(self, newcomer: Tuple[int, int, int]) -> None:
+        """A request admitted in this pass (it starts below its budget: A1)."""
+        self.rising.append(newcomer)
 
 
 class Admission:
@@ -37,21 +59,27 @@ class Admission:
             return None
         return budget
 
-    def growth(self, req, budget: Budget) -> Tuple[int, int, int]:
-        """A1's (g, r, d) of a running compressing request."""
+    def book(self, req, budget: Budget, booking: Booking) -> None:
+        """A running compressing request into ``booking``: A1's (g, r, d), or, holding at
+        least its budget and at most its limit, A1c's first drop beside (0, r, budget)."""
         remaining = max(0, req.sampling_params.max_new_tokens - len(req.output_ids))
         suffix = request_state.suffix_len(req, budget)
-        return (budget.reserve(suffix, remaining), remaining + END_LAG,
-                min(suffix, budget.limit))
+        if budget.kv_budget <= suffix <= budget.limit and remaining > budget.limit - suffix:
+            booking.rising.append((0, remaining + END_LAG, budget.kv_budget))
+            booking.drops.append(budget.limit - suffix + END_LAG)
+            booking.period = budget.cycle
+        else:
+            booking.rising.append((budget.reserve(suffix, remaining), remaining + END_LAG,
+                                   min(suffix, budget.limit)))
 
-    def growths(self, reqs) -> List[Tuple[int, int, int]]:
-        """A1's (g, r, d) of the running compressing requests of ``reqs``."""
-        out = []
+    def growths(self, reqs) -> Booking:
+        """The growth of the running compressing requests of ``reqs`` (A1, A1c)."""
+        booking = Booking()
         for r in reqs:
             budget = None if r.finished() else self.compresses(r)
             if budget is not None:
-                out.append(self.growth(r, budget))
-        return out
+                self.book(r, budget, booking)
+        return booking
 
     def newcomer(self, req) -> Optional[Tuple[int, int, int]]:
         """A1's (g, r, d) of a waiting request once admitted (its suffix starts with the
@@ -62,25 +90,26 @@ class Admission:
         remaining = max(0, req.sampling_params.max_new_tokens - len(req.output_ids))
         return budget.reserve(len(req.output_ids), remaining), remaining + END_LAG, 0
 
-    def marginal(self, growths, req) -> Optional[int]:
+    def marginal(self, growths: Booking, req) -> Optional[int]:
         """What admitting ``req`` adds to the peak of ``growths`` (the running requests and
-        those admitted before it in this pass), or None if it does not compress."""
+        those admitted before it in this pass), or None if it does not compress. (A1c's
+        peak is the same either way.)"""
         mine = self.newcomer(req)
         if mine is None:
             return None
-        return peak_growth([*growths, mine]) - peak_growth(growths)
+        return peak_growth([*growths.rising, mine]) - peak_growth(growths.rising)
 
     def stock_reserve(self, req) -> int:
         """SGLang's own estimate of what a request that never compresses may still add."""
         return min(req.sampling_params.max_new_tokens - len(req.output_ids), self.stock_clip)
 
-    def reserved(self, reqs, growths, ratio: float) -> float:
+    def reserved(self, reqs, growths: Booking, ratio: float) -> float:
         """All that admission sets aside for the running ``reqs``: the peak of the
         compressing ones' ``growths``, SGLang's estimate (times its new-token ratio) for the
         others."""
         others = sum(self.stock_reserve(r) for r in reqs
                      if not r.finished() and self.compresses(r) is None)
-        return peak_growth(growths) + others * ratio
+        return growths.peak() + others * ratio
 
     def need(self, req, growths, page: int) -> int:
         """What a waiting request needs to be admitted beside the running requests of

@@ -40,6 +40,15 @@ Admission books what the running requests will hold, not each one's worst case:
       (A3), the least it can be made to hold, so admission overbooks the budgets and the
       pool squeezes them (A2, A3). Exact where outputs run to max_new_tokens and budgets
       hold; where outputs stop earlier, the peak only overstates.
+  A1c a request that already holds at least its budget compacts at its limit: it rises a
+      token a step and gives back P = buffer - lag tokens every P steps, the first time
+      f_i = limit_i - suffix_i + END_LAG steps from now (admission.py; the overlap
+      scheduler frees pages a step late). It is booked apart from A1's (g = 0, d = its
+      budget, the least it holds between drops), and admission sets aside the peak of
+      C(t) = n t - P D(t) (``cycle_peak``; D(t): the drops by t) beside A1's: one bound on
+      the sum of their futures, since max(F + C) <= max F + max C. Where their drops are
+      spread over a period (a long run) C stays within about a drop of 0, where each
+      request's own peak (its limit) would set aside half a buffer a request.
   A2  when a step or a waiting request finds the pool short, running requests give tokens
       back before SGLang retracts any (``Budget.give_back``): first those past their limit,
       then those over their budget, down to their budget; then, with a budget range
@@ -159,6 +168,12 @@ class Budget:
         """Tokens a running request may still add before its footprint stops growing."""
         return max(0, min(remaining_new_tokens, self.limit - suffix))
 
+    @property
+    def cycle(self) -> int:
+        """A1c: the tokens a compaction at the trigger gives back, and the steps until the
+        next one."""
+        return self.buffer - self.lag
+
     def admission_reserve(self) -> int:
         """Per-request decode reservation for a new request (plus its last prompt page)."""
         return self.limit + self.page_size
@@ -238,6 +253,24 @@ def peak_growth(requests: Iterable[Tuple[int, int, int]]) -> int:
         while j < len(reqs) and reqs[j][0] == end:
             ended += reqs[j][1] + reqs[j][2]
             j += 1
+    return peak
+
+
+def cycle_peak(first_drops: Iterable[int], period: int) -> int:
+    """A1c: max over t >= 0 of C(t) = n t - period D(t) for n requests that rise a token a
+    step and give back ``period`` tokens at f_i, f_i + period, ... (f_i >= 1; D(t): the
+    drops at or before t). C rises between drops, so its peak lies at t = 0 or just before
+    a drop; once t >= max f_i, C repeats every ``period`` steps, so the drops up to
+    max f_i + period are all it needs. O(n log n) over plain ints."""
+    first = list(first_drops)
+    if not first:
+        return 0
+    assert period > 0 and min(first) >= 1, (period, min(first))
+    last = max(first) + period
+    drops = sorted(f + k * period for f in first for k in range((last - f) // period + 1))
+    n, peak = len(first), 0
+    for done, e in enumerate(drops):  # done: the drops before e
+        peak = max(peak, n * (e - 1) - period * done)
     return peak
 
 

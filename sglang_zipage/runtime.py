@@ -22,7 +22,7 @@ from typing import Optional
 import torch
 
 from sglang_zipage import kv_layout, memory, request_state
-from sglang_zipage.budget import Budget, Budgets, floor_page, peak_growth
+from sglang_zipage.budget import Budget, Budgets, floor_page
 from sglang_zipage.config import ZipageConfig
 from sglang_zipage.counters import Counters
 from sglang_zipage.decisions import DecisionLog
@@ -180,7 +180,7 @@ class ZipageRuntime:
         """Tokens admission sets aside beside SGLang's per-request estimates: the running
         compressing requests' growth at its peak (budget A1) and, with --zipage-async, the
         fresh slots of compactions not yet in flight."""
-        return peak_growth(growths) + self.shadows.reserve()
+        return growths.peak() + self.shadows.reserve()
 
     def new_request_charge(self, growths, req) -> int:
         """SGLang's output estimate for a waiting request (CLIP_MAX_NEW_TOKENS while SGLang

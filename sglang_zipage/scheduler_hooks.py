@@ -134,7 +134,7 @@ def admit_by_peak(original, adder, req, *args, **kwargs):
     if adder.can_run_list and adder.can_run_list[-1] is req and adder.new_chunked_req is not req:
         mine = RUNTIME.newcomer(req)  # admitted whole: its growth joins the pass's
         if mine is not None:
-            growths.append(mine)
+            growths.add(mine)
     return result
 
 

@@ -5,7 +5,8 @@ import random
 
 import pytest
 
-from sglang_zipage.budget import Budget, Budgets, peak_growth
+from sglang_zipage.admission import END_LAG
+from sglang_zipage.budget import Budget, Budgets, cycle_peak, peak_growth
 from sglang_zipage.config import ZipageConfig, ZipageConfigError
 from sglang_zipage.request_options import MIN_BUDGET, move_to_custom_params
 
@@ -34,47 +35,103 @@ def test_old_requests_ending_first_pay_for_young_ones_growth():
     assert peak_growth([]) == 0 and peak_growth([(0, 5, 10)]) == 0
 
 
-def _run(pool, prompts, out_len, budget, rule):
-    """Decode requests that all run to out_len (fixed mode: compacted at the limit) through
-    an admission rule; returns (most tokens held at once, most requests running at once).
+def _cycle(first_drops, period, t):
+    """C(t) by definition: a token a step, ``period`` given back at each drop by t."""
+    return sum(t - period * sum(1 for k in range(t + 1) if f + k * period <= t)
+               for f in first_drops)
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_the_cycle_peak_is_the_largest_future_growth_of_requests_at_their_budget(seed):
+    rng = random.Random(seed)
+    period = rng.randint(1, 20)
+    drops = [rng.randint(1, period + 3) for _ in range(rng.randint(0, 25))]
+    horizon = 3 * (max(drops, default=0) + period)
+    assert cycle_peak(drops, period) == max(_cycle(drops, period, t) for t in range(horizon))
+
+
+def test_spread_drops_book_about_one_drop_where_each_limit_books_half_a_buffer_each():
+    period = 16
+    spread = [1 + i % period for i in range(64)]  # a long run: every phase of the cycle
+    assert cycle_peak(spread, period) <= 64  # n/period drops a step: C stays near 0
+    assert sum(f for f in spread) == 64 * 17 // 2  # each one's own peak: what A1 would book
+    together = [16] * 64  # a first wave: every request at the same phase
+    assert cycle_peak(together, period) == 64 * 15  # one rise together: A1's booking
+    assert cycle_peak([], period) == 0
+
+
+def _run(pool, jobs, budget, rule):
+    """Decode ``jobs`` ((prompt, output length) each, run to their length; fixed mode:
+    compacted at the limit) through an admission rule; returns (most tokens held at once,
+    most requests running at once, requests running at each step).
     Rules: "worst" (each running request's reserve, a new one's prompt + limit), "peak" (the
     running requests' peak, a new one's prompt + limit), "marginal" (a new one's prompt and
-    what it adds to the peak: admission.py), "none" (nothing set aside)."""
-    waiting, running, most, most_running = list(prompts), [], 0, 0
+    what it adds to the peak: admission.py), "cycle" (marginal, and those that hold their
+    budget booked by their cycle: A1c, as admission.py books them), "none" (nothing set
+    aside)."""
+    waiting, running, most, most_running, counts = list(jobs), [], 0, 0, []
     while waiting or running:
         while waiting:
             held = sum(p + s for p, s, _ in running)
-            growths = [(budget.reserve(s, out_len - n), out_len - n, min(s, budget.limit))
-                       for _, s, n in running]
-            new = (budget.limit, out_len, 0)
+            growths = [(budget.reserve(s, left), left, min(s, budget.limit))
+                       for _, s, left in running]
+            new = (budget.limit, waiting[0][1], 0)
+            cycles = [budget.kv_budget <= s <= budget.limit and left > budget.limit - s
+                      for _, s, left in running]
+            rising = [(0, left, budget.kv_budget) if c else g
+                      for c, g, (_, s, left) in zip(cycles, growths, running)]
+            drops = [budget.limit - s + END_LAG for c, (_, s, _) in zip(cycles, running) if c]
             need = {"worst": sum(g for g, _, _ in growths) + budget.limit,
                     "peak": peak_growth(growths) + budget.limit,
-                    "marginal": peak_growth([*growths, new]), "none": 0}[rule]
-            if held + need + waiting[0] + budget.page_size > pool:
+                    "marginal": peak_growth([*growths, new]),
+                    "cycle": peak_growth([*rising, new]) + cycle_peak(drops, budget.cycle),
+                    "none": 0}[rule]
+            if held + need + waiting[0][0] + budget.page_size > pool:
                 break
-            running.append((waiting.pop(0), 0, 0))
+            prompt, out_len = waiting.pop(0)
+            running.append((prompt, 0, out_len))
         most_running = max(most_running, len(running))
+        counts.append(len(running))
         step = []
-        for p, s, n in running:  # one decode step: a token each, compacted at the limit
+        for p, s, left in running:  # one decode step: a token each, compacted at the limit
             s += 1
             if s >= budget.limit:
                 s = budget.kv_budget
-            if n + 1 < out_len:
-                step.append((p, s, n + 1))
+            if left > 1:
+                step.append((p, s, left - 1))
         running = step
         most = max(most, sum(p + s for p, s, _ in running))
-    return most, most_running
+    return most, most_running, counts
 
 
 @pytest.mark.parametrize("out_len", [300, 1000])
 def test_booking_the_peak_runs_more_requests_and_never_overfills_the_pool(out_len):
     budget, pool = Budget(64, 16, 16), 2000
-    prompts = [random.Random(i).randint(16, 48) for i in range(200)]
-    worst, peak, marginal, none = (_run(pool, prompts, out_len, budget, rule)
-                                   for rule in ("worst", "peak", "marginal", "none"))
-    assert max(worst[0], peak[0], marginal[0]) <= pool  # A1: what admission booked is enough
+    jobs = [(random.Random(i).randint(16, 48), out_len) for i in range(200)]
+    worst, peak, marginal, cycle, none = (
+        _run(pool, jobs, budget, rule)
+        for rule in ("worst", "peak", "marginal", "cycle", "none"))
+    # A1, A1c: what admission booked is enough
+    assert max(worst[0], peak[0], marginal[0], cycle[0]) <= pool
     assert none[0] > pool  # (booking nothing is not)
     assert min(peak[1], marginal[1]) > worst[1]  # ... and less than each one's worst case
+
+
+def test_where_ends_are_staggered_booking_the_cycle_runs_more_and_never_overfills():
+    """Outputs of 8-16 budgets (as 8k-16k at budget 1024), prompts compressed (a few
+    tokens): requests start at every phase of their cycle, so those at their budget give
+    back about as much each step as they add (A1c), and the pool fills with them instead of
+    with what their rise to the limit would book."""
+    budget, pool, rng = Budget(256, 64, 32), 30000, random.Random(0)
+    jobs = [(rng.randint(0, 32), rng.randint(2048, 4096)) for _ in range(500)]
+    marginal, cycle = (_run(pool, jobs, budget, rule) for rule in ("marginal", "cycle"))
+    assert max(marginal[0], cycle[0]) <= pool
+
+    def busy(counts):  # the mean over the middle half of the run: past the fill, before the drain
+        mid = counts[len(counts) // 4: len(counts) * 3 // 4]
+        return sum(mid) / len(mid)
+
+    assert busy(cycle[2]) > busy(marginal[2]) * 1.04  # more requests running (measured 1.06x)
 
 
 def test_a_request_gives_back_down_to_its_budget_then_its_floor():
