@@ -63,7 +63,12 @@
 # (results/steady-8k-r05-warm-stock-attempt-h100.json): the call named nvidia-h200 and got an
 # H100 (pool 374,561 tokens; stock's warm set of 104 held 84-100% of it from 30 s on, ready in
 # 252 s), and the machine was lost between two polls before zipage's run. Each run records
-# its card ("gpu") and a merge refuses runs of two kinds of card.
+# its card ("gpu") and a merge refuses runs of two kinds of card. Since 1269eb2 admission
+# books requests at their budget by their cycle (budget.py A1c): the 16k squeezed runs above
+# are from before it; RUNS=zipage-prompt-min1024 at 16384 with the 16k flags, beside the 16k
+# warm stock run (on an H200: that run does not record its card, so the merge cannot check
+# it; read the reply's device), measures it (~628 running predicted, 4.3x).
+# The two do not fit one session together: the 8k pair first (it checks the warm start).
 # On a multi-GPU kind, GPUS="0 1 2" runs the RUNS at once, one GPU each (their own pools and
 # steps, as on one GPU; the client processes share the host's cores).
 # The first-wave pairs of results/steady-{8k,16k}-h200.json ran both engines in one session
