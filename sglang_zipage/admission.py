@@ -64,9 +64,10 @@ class Admission:
         least its budget and at most its limit, A1c's first drop beside (0, r, budget)."""
         remaining = max(0, req.sampling_params.max_new_tokens - len(req.output_ids))
         suffix = request_state.suffix_len(req, budget)
-        if budget.kv_budget <= suffix <= budget.limit and remaining > budget.limit - suffix:
+        to_cycle = budget.steps_to_cycle(suffix, remaining)
+        if to_cycle is not None:
             booking.rising.append((0, remaining + END_LAG, budget.kv_budget))
-            booking.drops.append(budget.limit - suffix + END_LAG)
+            booking.drops.append(to_cycle + END_LAG)
             booking.period = budget.cycle
         else:
             booking.rising.append((budget.reserve(suffix, remaining), remaining + END_LAG,

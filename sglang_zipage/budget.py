@@ -168,6 +168,14 @@ class Budget:
         """Tokens a running request may still add before its footprint stops growing."""
         return max(0, min(remaining_new_tokens, self.limit - suffix))
 
+    def steps_to_cycle(self, suffix: int, remaining_new_tokens: int) -> Optional[int]:
+        """A1c: the steps until a request that holds at least its budget reaches its limit
+        and gives back its first cycle, or None when it holds less, is past its limit or
+        ends before."""
+        if self.kv_budget <= suffix <= self.limit and remaining_new_tokens > self.limit - suffix:
+            return self.limit - suffix
+        return None
+
     @property
     def cycle(self) -> int:
         """A1c: the tokens a compaction at the trigger gives back, and the steps until the

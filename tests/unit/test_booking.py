@@ -76,11 +76,10 @@ def _run(pool, jobs, budget, rule):
             growths = [(budget.reserve(s, left), left, min(s, budget.limit))
                        for _, s, left in running]
             new = (budget.limit, waiting[0][1], 0)
-            cycles = [budget.kv_budget <= s <= budget.limit and left > budget.limit - s
-                      for _, s, left in running]
-            rising = [(0, left, budget.kv_budget) if c else g
-                      for c, g, (_, s, left) in zip(cycles, growths, running)]
-            drops = [budget.limit - s + END_LAG for c, (_, s, _) in zip(cycles, running) if c]
+            cycles = [budget.steps_to_cycle(s, left) for _, s, left in running]
+            rising = [g if c is None else (0, left, budget.kv_budget)
+                      for c, g, (_, _, left) in zip(cycles, growths, running)]
+            drops = [c + END_LAG for c in cycles if c is not None]
             need = {"worst": sum(g for g, _, _ in growths) + budget.limit,
                     "peak": peak_growth(growths) + budget.limit,
                     "marginal": peak_growth([*growths, new]),
