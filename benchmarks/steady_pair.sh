@@ -56,19 +56,21 @@
 # The 8k check and the squeezed 8k pair at the floor rule are one session:
 #   RUNS="stock zipage-prompt-min1024" bash benchmarks/steady_pair.sh 8192 /tmp/ss SHA \
 #     --range-ratio 0.5 --warm-start auto --window-start-s 90 --window-end-s 360 --num-prompts 3500
-# (stock keeps the long run's --cuda-graph-max-bs-decode 512; the arithmetic runs zipage at
-# 631, under it on an H200). The shorter window leaves room for a machine's start, which can
-# take ~8 of the session's 30 minutes: ~4 min to start stock on a fresh machine, 360 s, the
-# drain, ~1 min to start zipage, 360 s: ~18 minutes. Tried at 1d7a531 with a 90-300 s window
-# (results/steady-8k-r05-warm-stock-attempt-h100.json): the call named nvidia-h200 and got an
-# H100 (pool 374,561 tokens; stock's warm set of 104 held 84-100% of it from 30 s on, ready in
-# 252 s), and the machine was lost between two polls before zipage's run. Each run records
-# its card ("gpu") and a merge refuses runs of two kinds of card. Since 1269eb2 admission
-# books requests at their budget by their cycle (budget.py A1c): the 16k squeezed runs above
-# are from before it; RUNS=zipage-prompt-min1024 at 16384 with the 16k flags, beside the 16k
-# warm stock run (on an H200: that run does not record its card, so the merge cannot check
-# it; read the reply's device), measures it (~628 running predicted, 4.3x).
-# The two do not fit one session together: the 8k pair first (it checks the warm start).
+# (~4 min to start stock on a fresh machine, 360 s, the drain, ~1 min to start zipage, 360 s:
+# ~19 minutes, 24.5 held with the machine's start). An H100 try at 1d7a531 lost its machine
+# before zipage's run (results/steady-8k-r05-warm-stock-attempt-h100.json); each run records
+# its card ("gpu") and a merge refuses runs of two kinds of card. Done at fb408e7 on an H200:
+# results/warm-start-8k-h200.json (the warm stock run reads 7.5% under the cold long run's
+# late span) and results/steady-8k-r05-warm-prompt-min1024-h200.json (1.52x: zipage ran 657
+# requests, past the 512 decode graphs both engines then had, so its decode ran eagerly; the
+# launcher now sizes zipage's graphs from the budget range, server_args.graph_max_bs, and
+# this script gives only stock an explicit 512). Next, one session each:
+#   RUNS=zipage-prompt-min1024 at 8192 with the 8k flags above, merged beside that stock run
+#     (python benchmarks/steady_state.py --merge results/steady-8k-r05-warm-prompt-min1024-h200.json
+#     zipage-prompt-min1024-8192.json ...: the step line predicts ~46 ms at 657, ~2.3x);
+#   RUNS=zipage-prompt-min1024 at 16384 with the 16k flags (no --cuda-graph-max-bs-decode:
+#     the default is 1024), beside the 16k warm stock run (on an H200: that run does not record
+#     its card, so the merge cannot check it; read the reply's device): A1c's ~628 running, 4.3x.
 # On a multi-GPU kind, GPUS="0 1 2" runs the RUNS at once, one GPU each (their own pools and
 # steps, as on one GPU; the client processes share the host's cores).
 # The first-wave pairs of results/steady-{8k,16k}-h200.json ran both engines in one session
@@ -81,12 +83,15 @@ len=$1; dir=$2; commit=$3; shift 3
 mkdir -p "$dir"
 common=(--output-len "$len" --num-prompts 8000 --request-rate 8
         --window-start-s 300 --window-end-s 600
-        --mem-fraction-static 0.85 --cuda-graph-max-bs-decode 512
+        --mem-fraction-static 0.85
         --disable-prefill-cuda-graph --zipage-kv-budget 2048 --zipage-buffer 256
         --attention-backend flashinfer --commit "$commit" "$@")
 one() {  # one run: stock, zipage, zipage-minN (--zipage-min-kv-budget N), zipage-prompt
   # (--zipage-compress-prompt), or zipage-prompt-minN (both)
   local name=$1 flags=(--engine "${1%%-*}")
+  # decode graphs: stock up to 512 (SGLang's own H200 default is 256), zipage its launcher's
+  # default (server_args.graph_max_bs: 512 at one budget, 1024 at budget 2048 over floor 1024)
+  [[ $name == stock ]] && flags+=(--cuda-graph-max-bs-decode 512)
   [[ $name == *-min* ]] && flags+=(--zipage-min-kv-budget "${name##*-min}")
   [[ $name == *-prompt* ]] && flags+=(--zipage-compress-prompt)
   echo "$(date +%s) start $name" >> "$dir/progress"

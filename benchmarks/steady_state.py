@@ -68,8 +68,8 @@ back (it stays warm ~30 s), and a pair must fit the ~28 minutes a session holds 
 benchmarks/steady_pair.sh runs both engines and the merge in one background chain (its
 header has the windows that fit; results/steady-8k-h200.json is one such run); --add-row
 MERGED RESULTS puts a merged file into throughput-h200.json as its steady-state row.
-Both engines get the same flags (--zipage-* are ignored by stock; --cuda-graph-max-bs-decode
-512 is what zipage sets by itself on a GPU, so stock gets it too).
+Both engines get the same flags (--zipage-* are ignored by stock) but steady_pair.sh's decode
+graphs: stock --cuda-graph-max-bs-decode 512, zipage its launcher's default (graph_max_bs).
 
 What such a window shows (steady-8k-h200.json): with one output length, requests admitted
 together finish together, so both engines run in waves for many request lifetimes (8k

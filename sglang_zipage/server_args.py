@@ -7,8 +7,9 @@ Defaults apply only to flags the user did not give; every one can be overridden.
   regex/JSON-constrained request kills a CPU scheduler (0.5.17, xgrammar_backend.py L64);
   llguidance runs on CPU but misreads the bundled tokenizer's byte-level spaces.
 - Zipage on a GPU: an attention backend our compression supports (flashinfer), and decode
-  CUDA graphs up to batch 512 (SGLang captures up to 256 on an H200; a budget lets more
-  requests run than that, and past the largest graph decode runs eagerly).
+  CUDA graphs up to the batch a budget lets run (graph_max_bs: SGLang captures up to 256 on
+  an H200, and past the largest graph decode runs eagerly: 72 ms a step at 657 requests on
+  the H200 where the step line with graphs gives ~46, steady-8k-r05-warm-prompt-min1024-h200.json).
 With --zipage-disable only the CPU and model defaults apply: stock SGLang behaviour.
 """
 
@@ -20,7 +21,8 @@ from typing import Dict, List
 from sglang_zipage.config import ZipageConfig
 
 SUPPORTED_BACKENDS = ("flashinfer", "triton", "torch_native")
-GPU_GRAPH_MAX_BS = 512
+GPU_GRAPH_MAX_BS = 512  # at one budget: 2048 + 256 runs ~300-380 requests on an H200
+GPU_GRAPH_MAX_BS_CAP = 1024
 CPU_DEFAULTS = {"device": "cpu", "attention_backend": "torch_native",
                 "max_total_tokens": 8192, "sleep_on_idle": True, "grammar_backend": "outlines"}
 
@@ -41,8 +43,20 @@ def default_overrides(given: Dict, config: ZipageConfig, *, has_cuda: bool) -> D
         if "attention_backend" not in given:
             out["attention_backend"] = "flashinfer"
         if not {"cuda_graph_max_bs_decode", "cuda_graph_bs_decode"} & set(given):
-            out["cuda_graph_max_bs_decode"] = GPU_GRAPH_MAX_BS
+            out["cuda_graph_max_bs_decode"] = graph_max_bs(config)
     return out
+
+
+def graph_max_bs(config: ZipageConfig) -> int:
+    """The largest decode CUDA graph zipage captures by default on a GPU. A budget range lets
+    about budget / floor times as many requests run as one budget does (those squeezed hold
+    their floor: 657 requests at floor 1024 against 331 at budget 2048, 8k outputs on the
+    H200), so the graphs grow by that factor, to SGLang's next graph size (steps of 32 past
+    512), at most 1024: SGLang sets 2 MB of GPU memory aside per graph batch when it sizes the
+    pool itself (no --mem-fraction-static), and capture time grows with the graph count."""
+    floor = config.min_kv_budget or config.kv_budget
+    scaled = -(-GPU_GRAPH_MAX_BS * config.kv_budget // floor)
+    return min(GPU_GRAPH_MAX_BS_CAP, max(GPU_GRAPH_MAX_BS, -(-scaled // 32) * 32))
 
 
 def set_process_env(device: str, page_size: int = 1) -> None:

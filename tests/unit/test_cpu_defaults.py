@@ -27,6 +27,25 @@ def test_gpu_decode_graphs_cover_the_larger_batches_a_budget_allows():
     assert "cuda_graph_max_bs_decode" not in default_overrides({"model_path": "m"}, off, has_cuda=True)
 
 
+def test_gpu_decode_graphs_grow_with_the_budget_range():
+    """Squeezed requests hold their floor, so about budget/floor times as many run: the
+    default graphs cover them (past the largest graph decode runs eagerly: 72 ms a step at 657
+    requests on the H200, ~46 with graphs), on SGLang's graph sizes (steps of 32 past 512), capped."""
+    def graphs(**kw):
+        return default_overrides({"model_path": "m"}, ZipageConfig(**kw),
+                                 has_cuda=True)["cuda_graph_max_bs_decode"]
+
+    assert graphs(kv_budget=2048) == graphs(kv_budget=2048, min_kv_budget=2048) == 512
+    assert graphs(kv_budget=2048, min_kv_budget=1024) == 1024
+    assert graphs(kv_budget=2048, min_kv_budget=1536) == 704  # 682.7 -> 704
+    assert graphs(kv_budget=2048, min_kv_budget=256) == 1024  # the cap
+    given = {"model_path": "m", "cuda_graph_max_bs_decode": 512}
+    squeezed = ZipageConfig(kv_budget=2048, min_kv_budget=1024)
+    assert "cuda_graph_max_bs_decode" not in default_overrides(given, squeezed, has_cuda=True)
+    off = ZipageConfig(enabled=False, kv_budget=2048, min_kv_budget=1024)
+    assert "cuda_graph_max_bs_decode" not in default_overrides({"model_path": "m"}, off, has_cuda=True)
+
+
 def test_paged_kv_on_cpu_runs_sglang_triton_allocator_in_the_interpreter(monkeypatch):
     from sglang_zipage.server_args import set_process_env
 
