@@ -95,7 +95,8 @@ from typing import Dict, List, Optional
 
 from sglang_zipage.harness import probe, warm_start
 from sglang_zipage.harness.engines import DEFAULT_MODEL, TINY_NAME, model_config, tiny_model_dir, vocab_size
-from sglang_zipage.harness.merge import WINDOW_KEYS, add_row, merge_steady, parse_spans, steady_summary
+from sglang_zipage.harness.merge import WINDOW_KEYS, merge_steady, parse_spans, steady_summary
+from sglang_zipage.harness.rows import add_row
 from sglang_zipage.harness.record import REPO, command_line, git_commit, gpu_name, write_json
 from sglang_zipage.harness.server import OFFLINE_ENV, Server, stop_process
 from sglang_zipage.harness.windows import Sampler, log, progress_line, steady_window, with_times

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from sglang_zipage.harness import merge
+from sglang_zipage.harness import merge, rows
 from sglang_zipage.harness.windows import steady_window
 
 
@@ -103,7 +103,7 @@ def test_a_merged_file_becomes_one_steady_state_row_of_the_results(tmp_path):
     results = tmp_path / "throughput.json"
     results.write_text(json.dumps({"loads": [{"load": "steady", "regime": "first-wave"}]}))
     for _ in range(2):  # a second time replaces the row
-        merge.add_row(str(merged), str(results))
+        rows.add_row(str(merged), str(results))
     loads = json.loads(results.read_text())["loads"]
     assert [e["load"] for e in loads] == ["steady", "poisson:rate=8:output_len=8192"]
     row = loads[1]
@@ -122,7 +122,7 @@ def test_a_merged_file_becomes_one_steady_state_row_of_the_results(tmp_path):
         doc["server"]["info"] = {"attention_backend": "flashinfer"}
         f.write_text(json.dumps(doc))
     merge.merge_steady([str(f) for f in files], str(merged))
-    merge.add_row(str(merged), str(results))
+    rows.add_row(str(merged), str(results))
     loads = json.loads(results.read_text())["loads"]
     assert [e["load"] for e in loads][1:] == ["poisson:rate=8:output_len=8192",
                                               "poisson:rate=8:output_len=8192:range_ratio=0.5"]
@@ -163,7 +163,7 @@ def test_a_row_is_long_run_when_its_window_starts_after_stocks_turnover(tmp_path
     merged, results = tmp_path / "m.json", tmp_path / "throughput.json"
     merge.merge_steady([str(f) for f in files], str(merged))
     results.write_text(json.dumps({"loads": []}))
-    row = merge.add_row(str(merged), str(results))
+    row = rows.add_row(str(merged), str(results))
     assert row["stock"]["turnover_s"] == 8.0  # two ran before the first finish at 5
     assert (row["span"], row["attention_backend"], row["zipage_min_kv_budget"]) == (
         "long-run", "flashinfer", 1024)
@@ -172,13 +172,13 @@ def test_a_row_is_long_run_when_its_window_starts_after_stocks_turnover(tmp_path
     late["samples"] = wave_samples([5, 30], lambda t: 2 if t < 5 else 4)  # turns over at 30
     files[0].write_text(json.dumps(late))
     merge.merge_steady([str(f) for f in files], str(merged))
-    assert merge.add_row(str(merged), str(results))["span"] == "first-wave"
+    assert rows.add_row(str(merged), str(results))["span"] == "first-wave"
     for f in files:  # the same load begun with a long run's running set: a row of its own
         doc = json.loads(f.read_text())
         doc["load"]["warm_start"] = 200
         f.write_text(json.dumps(doc))
     merge.merge_steady([str(f) for f in files], str(merged))
-    row = merge.add_row(str(merged), str(results))
+    row = rows.add_row(str(merged), str(results))
     assert (row["span"], row["warm_start"]) == ("warm-start", 200)
     assert [r["span"] for r in json.loads(results.read_text())["loads"]] == ["first-wave",
                                                                             "warm-start"]
