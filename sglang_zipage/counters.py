@@ -9,10 +9,13 @@ around the kernels on their stream and summed once the events completed (``span_
 
 from __future__ import annotations
 
+import logging
 import time
 from typing import Optional
 
 import torch
+
+logger = logging.getLogger("sglang_zipage")
 
 
 class Counters:
@@ -35,7 +38,11 @@ class Counters:
                            # one per request per decode step; of those, the steps of requests
                            # compacted before the step was planned (tokens from compressed KV)
                            decode_tokens=0, compressed_decode_tokens=0,
-                           most_running_requests=0)  # the largest decode batch
+                           most_running_requests=0,  # the largest decode batch
+                           # decode steps of more requests than the largest decode CUDA
+                           # graph, which SGLang then runs eagerly (slower a step)
+                           decode_steps_past_graphs=0)
+        self.graph_max_bs: Optional[int] = None  # the largest decode graph; None: no graphs
         self.metrics = None  # ZipageMetrics, once export_metrics() was called
         self._spans = []  # (start, end) CUDA events of compactions not yet summed
 
@@ -61,6 +68,13 @@ class Counters:
         self.values["decode_tokens"] += decoded
         self.values["most_running_requests"] = max(self.values["most_running_requests"], decoded)
         self.values["compressed_decode_tokens"] += compressed
+        if self.graph_max_bs is not None and decoded > self.graph_max_bs:
+            if not self.values["decode_steps_past_graphs"]:
+                logger.warning("zipage: %d requests decode in one step, more than the largest "
+                               "decode CUDA graph (%d): SGLang runs such steps eagerly, slower; "
+                               "a larger --cuda-graph-max-bs-decode covers them",
+                               decoded, self.graph_max_bs)
+            self.values["decode_steps_past_graphs"] += 1
         if self.metrics is not None:
             self.metrics.on_step(decoded, compressed)
 

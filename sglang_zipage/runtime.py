@@ -39,6 +39,14 @@ logger = logging.getLogger("sglang_zipage")
 SHADOW_BUDGETS = 8  # asynchronous mode: compactions in flight at once (fresh-slot reserve)
 
 
+def decode_graph_max_bs(server_args, device) -> Optional[int]:
+    """The largest decode batch SGLang captured a CUDA graph for; None where decode has none."""
+    decode = server_args.cuda_graph_config.decode
+    if device.type != "cuda" or server_args.disable_cuda_graph or decode.backend == "disabled":
+        return None
+    return max(decode.bs) if decode.bs else decode.max_bs
+
+
 class ZipageRuntime:
     def __init__(self, config: ZipageConfig, evict=None, stock_clip: int = 4096):
         self.config = config
@@ -90,6 +98,7 @@ class ZipageRuntime:
         if plan is None or shapes != self.buffer_shapes:
             raise RuntimeError(f"sglang-zipage: the KV pool was sized without zipage's "
                                f"buffers ({shapes} vs {getattr(self, 'buffer_shapes', None)})")
+        self.stats.graph_max_bs = decode_graph_max_bs(model_runner.server_args, device)
         rows = model_runner.req_to_token_pool.req_to_token.shape[0]
         window = QueryWindow(layers, plan.window_slots, rows, cfg.window, query.heads,
                              query.width, model_runner.dtype, device)
