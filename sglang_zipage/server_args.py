@@ -52,8 +52,9 @@ def graph_max_bs(config: ZipageConfig) -> int:
     about budget / floor times as many requests run as one budget does (those squeezed hold
     their floor: 657 requests at floor 1024 with prompts compressed, 331 at budget 2048, 8k
     outputs on the H200), so the graphs grow by that factor, to SGLang's next graph size
-    (steps of 32 past 512), at most 1024: SGLang sets 2 MB of GPU memory aside per graph batch when it sizes the
-    pool itself (no --mem-fraction-static), and capture time grows with the graph count."""
+    (steps of 32 past 512), at most 1024: SGLang sets 2 MB of GPU memory aside per graph
+    batch when it sizes the pool itself (no --mem-fraction-static), and capture time grows
+    with the graph count."""
     floor = config.min_kv_budget or config.kv_budget
     scaled = -(-GPU_GRAPH_MAX_BS * config.kv_budget // floor)
     return min(GPU_GRAPH_MAX_BS_CAP, max(GPU_GRAPH_MAX_BS, -(-scaled // 32) * 32))

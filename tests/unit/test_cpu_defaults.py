@@ -30,7 +30,8 @@ def test_gpu_decode_graphs_cover_the_larger_batches_a_budget_allows():
 def test_gpu_decode_graphs_grow_with_the_budget_range():
     """Squeezed requests hold their floor, so about budget/floor times as many run: the
     default graphs cover them (past the largest graph decode runs eagerly: 72 ms a step at 657
-    requests on the H200, ~46 with graphs), on SGLang's graph sizes (steps of 32 past 512), capped."""
+    requests on the H200, ~46 by the step line with graphs), on SGLang's graph sizes (steps
+    of 32 past 512), capped."""
     def graphs(**kw):
         return default_overrides({"model_path": "m"}, ZipageConfig(**kw),
                                  has_cuda=True)["cuda_graph_max_bs_decode"]

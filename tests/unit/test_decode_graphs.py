@@ -1,7 +1,8 @@
 """Decode CUDA graphs under zipage: SGLang's server arguments for a GPU get graphs up to the
 batch a budget range lets run (server_args.graph_max_bs), the runtime reads the largest
 one SGLang captures, and a decode step of more requests than that is counted and said once
-(SGLang runs it eagerly: 72 ms a step at 657 requests on the H200 where graphs give ~46)."""
+(SGLang runs it eagerly: 72 ms a step at 657 requests on the H200 where the step line with
+graphs predicts ~46)."""
 
 import logging
 import os
