@@ -64,8 +64,8 @@
 # late span) and results/steady-8k-r05-warm-prompt-min1024-h200.json (1.52x: zipage ran 657
 # requests, past the 512 decode graphs both engines then had, so its decode ran eagerly; the
 # launcher now sizes zipage's graphs from the budget range, server_args.graph_max_bs, and
-# this script gives only stock an explicit 512). Next, both zipage runs in one session, 16k
-# first (its goal, 4.2x, is the one in reach), each beside its committed stock run:
+# this script gives only stock an explicit 512). Then both zipage runs in one session, 16k
+# first (its goal, 4.2x, was the one in reach), each beside its committed stock run:
 #   ( bash benchmarks/steady_pair.sh 16384 /tmp/s16 SHA --range-ratio 0.5 --warm-start auto \
 #       --window-start-s 150 --window-end-s 480 --num-prompts 4500
 #     bash benchmarks/steady_pair.sh 8192 /tmp/s8 SHA --range-ratio 0.5 --warm-start auto \
@@ -78,6 +78,10 @@
 #   steady_state.py --merge results/steady-8k-r05-warm-prompt-min1024-h200.json
 #     zipage-prompt-min1024-8192.json --spans 0-360,90-360,180-360: the step line gives ~46 ms
 #     at 657 running, ~2.2x stock's long run.
+# Done at 35bb741 (one H200 session, 21 minutes held after the wheel call):
+# results/steady-16k-r05-warm-prompt-min1024-a1c-h200.json (645 running, 4.23x) and
+# results/steady-8k-r05-warm-prompt-min1024-graphs-h200.json (658 running, a step 49 ms, 2.24x
+# its warm stock run, 2.07x the cold long run's).
 # On a multi-GPU kind, GPUS="0 1 2" runs the RUNS at once, one GPU each (their own pools and
 # steps, as on one GPU; the client processes share the host's cores).
 # The first-wave pairs of results/steady-{8k,16k}-h200.json ran both engines in one session
