@@ -112,3 +112,28 @@ def test_a_step_short_of_pages_takes_back_the_loop_guards_raise_before_retractin
     assert after["squeezed_compactions"] > before["squeezed_compactions"]
     assert "KV cache pool is full" not in server.log()
     assert_healthy(server)
+
+
+@pytest.fixture(scope="module")
+def capped_server(tmp_path_factory):
+    yield from tiny_range_server(tmp_path_factory, "admission-capped", FLOOR,
+                                 extra=("--max-running-requests", "4"))
+
+
+def test_a_users_running_request_cap_holds_and_squeezes_nobody(capped_server):
+    """SGLang's --max-running-requests is how a user trades throughput for a shorter step (a
+    step grows with the batch). The crowd that squeezes above runs here four at a time: the
+    cap, not memory, keeps the rest waiting, so nothing is squeezed for them (room.py: a
+    squeeze would lose fidelity and admit nobody), every request finishes, none retracted."""
+    before = capped_server.zipage_state()
+    crowd = capped_server.generate_ids(_prompts(8, 3000), [
+        {"max_new_tokens": 300, "temperature": 0, "ignore_eos": True}] * 8)
+    metas = [m["meta_info"] for m in crowd]
+    assert all(m["completion_tokens"] == 300 for m in metas)
+    assert sum(m["num_retractions"] for m in metas) == 0, metas
+    assert all(m["zipage_compactions"] > 0 for m in metas), metas  # the pool was short
+    after = capped_server.zipage_state()
+    assert after["most_running_requests"] == 4, after
+    assert after["squeezed_compactions"] == before["squeezed_compactions"], after
+    assert "KV cache pool is full" not in capped_server.log()
+    assert_healthy(capped_server)

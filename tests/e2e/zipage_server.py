@@ -122,10 +122,10 @@ def load_example(name: str):
     return module
 
 
-def tiny_range_server(tmp_path_factory, name: str, floor: int):
+def tiny_range_server(tmp_path_factory, name: str, floor: int, extra=()):
     """A module's server (yield from it in a fixture): the 2-layer dummy Qwen3, elastic, the
     small budget in a POOL_TOKENS pool, a budget range down to ``floor``, SGLang's strict
-    memory checker after every step."""
+    memory checker after every step; ``extra``: more flags."""
     import shutil
 
     from sglang_zipage.harness.engines import tiny_model_dir
@@ -134,7 +134,7 @@ def tiny_range_server(tmp_path_factory, name: str, floor: int):
     model = tiny_model_dir()
     srv = Server(["--model-path", model, "--load-format", "dummy", "--skip-tokenizer-init",
                   "--max-total-tokens", POOL_TOKENS, *SMALL_BUDGET,
-                  "--zipage-min-kv-budget", str(floor)],
+                  "--zipage-min-kv-budget", str(floor), *extra],
                  tmp_path_factory.mktemp(name) / "server.log", env=STRICT_MEM_ENV)
     yield srv
     srv.stop()
