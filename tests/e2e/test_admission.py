@@ -29,6 +29,17 @@ def _prompts(n, first):
     return [list(range(first + 20 * i, first + 20 * i + PROMPT)) for i in range(n)]
 
 
+def _crowd(server):
+    """Eight 300-token requests at once, more than the pool holds at full KV: each finishes,
+    none is retracted. Their meta_info."""
+    outs = server.generate_ids(_prompts(8, 3000), [
+        {"max_new_tokens": 300, "temperature": 0, "ignore_eos": True}] * 8)
+    metas = [o["meta_info"] for o in outs]
+    assert all(m["completion_tokens"] == 300 for m in metas)
+    assert sum(m["num_retractions"] for m in metas) == 0, metas
+    return metas
+
+
 def test_booking_the_peak_runs_more_requests_than_their_worst_cases_fit(server):
     """Twelve requests (160 to 270 tokens) arrive at once. Reserving for each what it may
     still add (prompt + budget + buffer for a new one), six run at a time; booked at their
@@ -53,11 +64,7 @@ def test_booking_the_peak_runs_more_requests_than_their_worst_cases_fit(server):
 def test_waiting_requests_squeeze_the_largest_running_ones_then_budgets_return(server):
     server.idle_and_flushed()
     before = server.zipage_state()
-    crowd = server.generate_ids(_prompts(8, 3000), [
-        {"max_new_tokens": 300, "temperature": 0, "ignore_eos": True}] * 8)
-    metas = [m["meta_info"] for m in crowd]
-    assert all(m["completion_tokens"] == 300 for m in metas)
-    assert sum(m["num_retractions"] for m in metas) == 0, metas
+    _crowd(server)
     after = server.zipage_state()
     assert after["squeezed_compactions"] > before["squeezed_compactions"], after
     # the pressure ends once nothing waits: nobody stays squeezed, a lone request keeps
@@ -126,11 +133,7 @@ def test_a_users_running_request_cap_holds_and_squeezes_nobody(capped_server):
     cap, not memory, keeps the rest waiting, so nothing is squeezed for them (room.py: a
     squeeze would lose fidelity and admit nobody), every request finishes, none retracted."""
     before = capped_server.zipage_state()
-    crowd = capped_server.generate_ids(_prompts(8, 3000), [
-        {"max_new_tokens": 300, "temperature": 0, "ignore_eos": True}] * 8)
-    metas = [m["meta_info"] for m in crowd]
-    assert all(m["completion_tokens"] == 300 for m in metas)
-    assert sum(m["num_retractions"] for m in metas) == 0, metas
+    metas = _crowd(capped_server)
     assert all(m["zipage_compactions"] > 0 for m in metas), metas  # the pool was short
     after = capped_server.zipage_state()
     assert after["most_running_requests"] == 4, after
