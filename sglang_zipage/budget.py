@@ -189,30 +189,39 @@ class Budget:
 
 class Budgets:
     """The server's budget and the per-request ones (``zipage_kv_budget``), one Budget per
-    kept count. A request's own budget (or floor) below the model's sliding window is raised
-    to it (page aligned): the sliding-window layers need that many tokens kept."""
+    kept count. A budget or floor below the model's sliding window (``least``: its
+    sliding-window layers need that many tokens kept) is refused: the server's at startup
+    (kv_layout.detect), a request's when it arrives (``problem``: HTTP 400)."""
 
     def __init__(self, server: Budget, least_kv_budget: int = 1, min_kv_budget: int = 0):
         self.server = server
-        page = server.page_size
-        self.least = -(-least_kv_budget // page) * page
+        self.least = least_kv_budget
         self.min_kv_budget = min_kv_budget or server.kv_budget  # the server's floor (A3)
+        assert min(server.kv_budget, self.min_kv_budget) >= self.least, "refused at startup"
         self._own: Dict[int, Budget] = {}
+
+    def problem(self, own: Optional[int], own_min: Optional[int]) -> Optional[Tuple[str, int]]:
+        """(field, value) of a request's own budget or floor below the sliding window, or None."""
+        for field, value in (("zipage_kv_budget", own), ("zipage_min_kv_budget", own_min)):
+            if value and value < self.least:
+                return field, value
+        return None
 
     def floor(self, own: Optional[int], own_min: Optional[int] = None) -> int:
         """A3: the kept count a request may be squeezed to: its zipage_min_kv_budget or the
         server's floor, never above its own budget."""
-        budget = self.server.kv_budget if own is None else max(own, self.least)
-        return min(budget, max(self.least, own_min or self.min_kv_budget))
+        budget = self.server.kv_budget if own is None else own
+        return min(budget, own_min or self.min_kv_budget)
 
     def of(self, own: Optional[int], boost: int = 1,
            squeezed_to: Optional[int] = None) -> Optional[Budget]:
-        """own: the request's zipage_kv_budget, or None (the server's); 0: no compression.
+        """own: the request's zipage_kv_budget, or None (the server's); 0, or a budget below
+        the sliding window (the request is refused: ``problem``): no compression.
         boost: the loop guard's multiplier (repetition.py); squeezed_to: its budget while
         it is squeezed (A3), whatever the boost."""
-        if own == 0:
+        if own == 0 or (own is not None and own < self.least):
             return None
-        kv = self.server.kv_budget if own is None else max(own, self.least)
+        kv = self.server.kv_budget if own is None else own
         kv = kv * boost if squeezed_to is None else squeezed_to
         if kv == self.server.kv_budget:
             return self.server

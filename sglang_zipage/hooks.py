@@ -72,7 +72,8 @@ def _hook_table():
          "_get_total_uncached_sizes", T.AFTER, sh.count_shadow_slots,
          "the strict memory checker counts in-flight compactions' fresh slots as held (L224)"),
         ("managers.scheduler.Scheduler.init_req_max_new_tokens", T.AROUND, sh.lift_pool_cap,
-         "no pool-size cap on output length (L2110)"),
+         "no pool-size cap on output length; a budget below the model's sliding window is "
+         "refused, HTTP 400 (L2110, called for every new request at L2529)"),
         ("mem_cache.memory_pool.ReqToTokenPool.free", T.BEFORE, sh.release_window,
          "a leaving request gives back its query-window slot and an in-flight "
          "asynchronous compaction's fresh slots (L319)"),

@@ -15,6 +15,7 @@ from typing import List
 
 from sglang_zipage import memory
 from sglang_zipage.config import ZipageConfig
+from sglang_zipage.kv_layout.base import async_on_hybrid_swa, below_window
 
 KV_DTYPES = ("auto", "bf16", "bfloat16", "fp8_e4m3", "fp8_e5m2")
 # Models whose sliding window the launcher can read from the config (others: at startup
@@ -46,15 +47,13 @@ def refusals(facts: dict, config: ZipageConfig, server_args) -> List[str]:
             if v is not None and v not in MLA_BACKENDS:
                 bad.append(f"--{name.replace('_', '-')} {v} with the MLA model {arch}: zipage "
                            f"compresses MLA with {', '.join(MLA_BACKENDS)}")
-    window = facts["sliding_window"]
-    if arch in SLIDING_WINDOW_ARCHS and window and config.kv_budget < window:
-        bad.append(f"--zipage-kv-budget {config.kv_budget} is below {arch}'s sliding window "
-                   f"({window} tokens), which its sliding-window layers must keep; use "
-                   f"--zipage-kv-budget {window} or more")
+    window = facts["sliding_window"] if arch in SLIDING_WINDOW_ARCHS else 0
+    bad += [p for p in (below_window(arch, window, config.kv_budget),
+                        below_window(arch, window, config.min_kv_budget,
+                                     "--zipage-min-kv-budget")) if p]
     bad += _memory_refusals(facts, config, server_args)
     if facts["hybrid_swa"] and config.async_compaction:
-        bad.append(f"--zipage-async with {arch}'s hybrid sliding-window pool is not "
-                   "supported; drop --zipage-async, or pass --disable-hybrid-swa-memory")
+        bad.append(async_on_hybrid_swa(arch))
     return bad
 
 

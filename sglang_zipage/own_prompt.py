@@ -71,7 +71,8 @@ class OwnPrompt:
         protected = req.cache_protected_len
         how = kind(tree)
         if how == "own":
-            moved, st.c0 = protected < st.c0, min(st.c0, protected)
+            moved = protected < st.c0
+            st.owns_prompt_from(min(st.c0, protected))
             return moved
         if how == "keep" or req.last_node is None:
             return False
@@ -94,7 +95,7 @@ class OwnPrompt:
         req.last_node = node
         req.cache_protected_len = start
         req.prefix_indices = req.prefix_indices[:start]
-        st.c0 = start
+        st.owns_prompt_from(start)
         self.stats.add("prompt_copies")
         self.stats.add("prompt_tokens_owned", n)
         return True

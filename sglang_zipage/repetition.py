@@ -47,10 +47,9 @@ class LoopGuard:
         generated = len(output_ids)
         if not self.due(generated, state.loop_checked_at):
             return False
-        state.loop_checked_at = generated
+        state.loop_checked(generated)
         if state.loop_boost >= self.max_boost or not self.looping(output_ids):
             return False
-        state.loop_boost = min(self.max_boost, 2 * state.loop_boost)
-        state.loop_guard += 1
-        state.loop_checked_at = generated + self.window - self.every
+        state.loop_raised(min(self.max_boost, 2 * state.loop_boost),
+                          generated + self.window - self.every)
         return True

@@ -4,7 +4,11 @@ Created at a request's first decode step (``state_of``), when its compressible s
 the columns [0, c0) are the prompt's full pages (radix-owned, never compressed), [c0, kv_len)
 its decode suffix. A retraction starts it over (``restart``): the request re-prefills and its
 c0 is found again. The invariants it carries are budget.py's (I5: position = physical length
-+ pos_offset). Duck-types SGLang's Req and ScheduleBatch; imports nothing of sglang or torch.
++ pos_offset). Its fields change only through its methods, one per event in a request's life
+(a window slot taken or given back, a compaction, a squeeze, its prompt copied, its answer
+found, a loop seen, an asynchronous compaction started or ended); the modules that decide
+those events call them. Duck-types SGLang's Req and ScheduleBatch; imports nothing of sglang
+or torch.
 """
 
 from __future__ import annotations
@@ -39,6 +43,85 @@ class ReqState:
         """A logical length (positions) as the columns it occupies (I5)."""
         return logical - self.pos_offset
 
+    # ------------------------------------------------------------- events
+    @property
+    def has_window(self) -> bool:
+        return self.window_since >= 0
+
+    def took_window(self, step: int) -> None:
+        """It holds a query-window slot from decode step ``step`` on (budget W1)."""
+        self.window_since = step
+
+    def left_window(self) -> None:
+        self.window_since = -1
+
+    def saw_suffix(self, suffix: int) -> None:
+        self.max_suffix = max(self.max_suffix, suffix)
+
+    def compacted(self, kept: int, evicted: int, pressure: bool = False) -> None:
+        """A compaction of its suffix kept ``kept`` tokens and evicted ``evicted`` (every
+        one before its answer, if it has one): positions stay logical (I5)."""
+        self.pos_offset += evicted
+        if self.answer_col is not None:
+            self.answer_col -= evicted
+        self.n_stored = kept
+        self.compactions += 1
+        self.pressure_compactions += pressure
+
+    def squeeze(self, floor: int) -> None:
+        """Its floor is its budget until the pressure ends (budget A3)."""
+        self.squeezed_to = floor
+
+    def unsqueeze(self) -> None:
+        self.squeezed_to = None
+
+    def owns_prompt_from(self, c0: int) -> None:
+        """Its prompt's columns from ``c0`` on are its own now (own_prompt.py)."""
+        self.c0 = c0
+
+    def asked_for_prompt(self, later: bool) -> None:
+        """own_prompt.py asked for its prompt; ``later``: the prompt reaches the tree after
+        this step, ask once more."""
+        self.prompt_asks = self.prompt_asks - 1 if later else 0
+
+    def loop_checked(self, generated: int) -> None:
+        self.loop_checked_at = generated
+
+    def loop_raised(self, boost: int, next_check: int) -> None:
+        """The loop guard raised its budget's multiplier to ``boost`` (repetition.py)."""
+        self.loop_boost = boost
+        self.loop_guard += 1
+        self.loop_checked_at = next_check
+
+    def scanned(self, generated: int) -> None:
+        """Its output was searched for the think-end marker up to ``generated`` tokens."""
+        self.think_scanned = generated
+
+    def answer_starts(self, col: int) -> None:
+        """Its answer starts at column ``col`` (segments.py)."""
+        self.answer_col = col
+
+    def answer_finished(self) -> None:
+        """Its thinking segment's last compaction is planned, or not needed."""
+        self.answer_done = True
+
+    def started_shadow(self, shadow) -> None:
+        self.shadow = shadow
+
+    def ended_shadow(self):
+        """Its asynchronous compaction is committed or dropped; returns it."""
+        shadow, self.shadow = self.shadow, None
+        return shadow
+
+    def restarted(self) -> "ReqState":
+        """After a retraction the request re-prefills its tokens; its suffix starts over.
+        Its compaction counts and its loop guard's state stay; c0 is found at its next
+        decode step, from the prefix it re-matched."""
+        return ReqState(c0=None, compactions=self.compactions,
+                        pressure_compactions=self.pressure_compactions,
+                        loop_boost=self.loop_boost, loop_guard=self.loop_guard,
+                        loop_checked_at=self.loop_checked_at)
+
 
 def compress_start(req, budget) -> int:
     """c0 of the request: past its prompt's full pages and what the radix tree protects."""
@@ -69,15 +152,10 @@ def physical_len(req, logical: int) -> int:
 
 
 def restart(req) -> None:
-    """After retraction the request re-prefills its tokens; its suffix starts over. Its
-    compaction counts and its loop guard's state stay; c0 is found at its next decode step,
-    from the prefix it re-matched."""
+    """A retracted request's state starts over (``ReqState.restarted``)."""
     st = getattr(req, "zipage", None)
     if st is not None:
-        req.zipage = ReqState(c0=None, compactions=st.compactions,
-                              pressure_compactions=st.pressure_compactions,
-                              loop_boost=st.loop_boost, loop_guard=st.loop_guard,
-                              loop_checked_at=st.loop_checked_at)
+        req.zipage = st.restarted()
 
 
 def set_lengths(batch, updates) -> None:

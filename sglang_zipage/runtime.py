@@ -5,7 +5,9 @@ that owns the job:
   memory.py       the buffers' share of the KV pool, planned before the pool is allocated
   kv_layout       how the pool holds a token (what the window stores, what scoring reads)
   query_window.py the last W decode queries of the requests near a compaction
-  planner.py      what to compact and when (fixed, elastic, pressure, admission reserves)
+  policy.py       each request's budget and its decision at a decode step
+  planner.py      the plans of a decode step (fixed, elastic, pressure; room.py on demand)
+  admission.py    what SGLang's admission sets aside for the running requests
   executor.py     running the planned compactions before the next forward
   shadows.py      the asynchronous compactions' lifecycle (--zipage-async)
   counters.py     what is counted (/server_info, Prometheus); decisions.py the TP digest
@@ -22,12 +24,15 @@ from typing import Optional
 import torch
 
 from sglang_zipage import kv_layout, memory, request_state
+from sglang_zipage.admission import Admission
 from sglang_zipage.budget import Budget, Budgets, floor_page
 from sglang_zipage.config import ZipageConfig
 from sglang_zipage.counters import Counters
 from sglang_zipage.decisions import DecisionLog
 from sglang_zipage.executor import Executor
+from sglang_zipage.own_prompt import OwnPrompt
 from sglang_zipage.planner import MAX_REQS_PER_LAUNCH, QUERY_SCRATCH_BYTES, Planner
+from sglang_zipage.policy import RequestBudgets, StepPolicy
 from sglang_zipage.query_window import QueryWindow
 from sglang_zipage.repetition import LoopGuard
 from sglang_zipage.scoring import ScoringParams
@@ -59,6 +64,7 @@ class ZipageRuntime:
         self.memory_plan: Optional[memory.MemoryPlan] = None
         self.kv_memory_bytes: Optional[int] = None  # what SGLang sizes the pool from
         self.layout = self.window = self.planner = self.executor = None  # set by attach
+        self.budgets = self.admission = None  # set by attach
         self.memory_bytes, self.warm_up_s = 0, None
 
     # ------------------------------------------------------------ setup
@@ -83,9 +89,11 @@ class ZipageRuntime:
         page = allocator.page_size
         cfg = self.config.validate(page_size=page)
         self.layout = kv_layout.detect(model_runner, cfg.kv_budget,
-                                       async_compaction=cfg.async_compaction)
-        budgets = Budgets(Budget.from_config(cfg, page), self.layout.least_kv_budget,
-                          cfg.min_kv_budget)
+                                       async_compaction=cfg.async_compaction,
+                                       min_kv_budget=cfg.min_kv_budget)
+        budgets = self.budgets = RequestBudgets(Budgets(
+            Budget.from_config(cfg, page), self.layout.least_kv_budget, cfg.min_kv_budget))
+        self.admission = Admission(budgets.booked, self.stock_clip)
         kv = self.layout.kv
         keys = kv.keys[0]
         device = self.device = keys.device
@@ -114,21 +122,31 @@ class ZipageRuntime:
             # Fresh slots for shadows in flight, set aside from admission (shadow_reserve).
             n = max(1, min(SHADOW_BUDGETS, model_runner.max_total_num_tokens // (16 * cfg.kv_budget)))
             self.shadows = ShadowCompactions(n * cfg.kv_budget, device)
+        pending = []  # compaction plans and prompt copies: the planner's, for the executor
+
+        def alloc(batch, n: int):
+            """n slots from the pool, evicting unused radix-tree pages first as SGLang does."""
+            if self.evict is not None:
+                self.evict(batch, n)
+            return allocator.alloc(n)
+
+        own_prompt = OwnPrompt(alloc, pending, self.stats) if self._compress_prompt(cfg) else None
+        policy = StepPolicy(budgets, window, self.stats, own_prompt=own_prompt,
+                            loop_guard=LoopGuard() if cfg.loop_guard else None,
+                            segments=self._segments(cfg), page_size=page)
         self.planner = Planner(
-            budgets, layout=self.layout, window=window, shadows=self.shadows,
-            allocator=allocator, stats=self.stats, decisions=self.decisions, evict=self.evict,
-            stock_clip=self.stock_clip,
+            budgets, policy, layout=self.layout, window=window, shadows=self.shadows,
+            allocator=allocator, stats=self.stats, decisions=self.decisions, pending=pending,
+            admission=self.admission, alloc=alloc,
             # elastic mode: once room is short, compact until this much more is free
             headroom=max(page, model_runner.max_total_num_tokens // 32 // page * page),
             # scoring gathers a launch's window rows at once: at most QUERY_SCRATCH_BYTES
-            launch_cap=max(1, min(MAX_REQS_PER_LAUNCH, QUERY_SCRATCH_BYTES // plan.slot_bytes)),
-            loop_guard=LoopGuard() if cfg.loop_guard else None,
-            segments=self._segments(cfg), compress_prompt=self._compress_prompt(cfg))
+            launch_cap=max(1, min(MAX_REQS_PER_LAUNCH, QUERY_SCRATCH_BYTES // plan.slot_bytes)))
         self.executor = Executor(self.params, kv, window, score_buffer, query.scale,
-                                 self.planner.pending, self.shadows, self.stats, device)
+                                 pending, self.shadows, self.stats, device)
         t0 = time.perf_counter()
         if device.type == "cuda":
-            self.executor.warm_up(page, copies=self.planner.own_prompt is not None)
+            self.executor.warm_up(page, copies=own_prompt is not None)
         self.warm_up_s = round(time.perf_counter() - t0, 2)
         # SGLang's rule for its own series: one scheduler per attention-TP group reports
         # (tensor-parallel ranks take the same decisions; their counts would add up)
@@ -145,7 +163,7 @@ class ZipageRuntime:
         is a hybrid sliding-window one (said once at startup)."""
         if cfg.think_end == "none":
             return None
-        if self.layout.name == "hybrid-swa":
+        if not self.layout.spans_anywhere:
             logger.warning("zipage: think segments are off on %s's hybrid sliding-window pool "
                            "(pass --disable-hybrid-swa-memory to protect answers)", self.layout.name)
             return None
@@ -154,7 +172,7 @@ class ZipageRuntime:
     def _compress_prompt(self, cfg) -> bool:
         """--zipage-compress-prompt (own_prompt.py), except on a hybrid sliding-window pool
         (said once at startup)."""
-        if cfg.compress_prompt and self.layout.name == "hybrid-swa":
+        if cfg.compress_prompt and not self.layout.spans_anywhere:
             logger.warning("zipage: --zipage-compress-prompt is off on the hybrid sliding-window "
                            "pool: prompts stay whole (pass --disable-hybrid-swa-memory)")
             return False
@@ -167,23 +185,27 @@ class ZipageRuntime:
     @property
     def budget(self) -> Optional[Budget]:
         """The server's budget (None before attach)."""
-        return self.planner.budgets.server if self.planner else None
+        return self.budgets.server if self.budgets else None
 
     # ------------------------------------------------------ per request
     def budget_of(self, req) -> Optional[Budget]:
-        return self.planner.budget_of(req)
+        return self.budgets.budget_of(req)
+
+    def request_problem(self, req) -> Optional[str]:
+        """Why this request's own budget cannot be served (HTTP 400), or None."""
+        return self.budgets.problem(req) if self.budgets else None
 
     def running_reserve(self, req) -> Optional[int]:
         """SGLang's per-request estimate: 0 for a compressing request (its growth is in
         ``admission_reserve``), None where SGLang's own estimate applies."""
-        return None if self.planner.admission.compresses(req) is None else 0
+        return None if self.admission.compresses(req) is None else 0
 
     def stock_reserve(self, req) -> int:
-        return self.planner.admission.stock_reserve(req)
+        return self.admission.stock_reserve(req)
 
     def running_growths(self, running_reqs):
         """The running compressing requests' growth (budget A1), for one admission pass."""
-        return self.planner.admission.growths(running_reqs)
+        return self.admission.growths(running_reqs)
 
     def admission_reserve(self, growths) -> int:
         """Tokens admission sets aside beside SGLang's per-request estimates: the running
@@ -194,11 +216,11 @@ class ZipageRuntime:
     def new_request_charge(self, growths, req) -> int:
         """SGLang's output estimate for a waiting request (CLIP_MAX_NEW_TOKENS while SGLang
         considers it): what it adds to the peak of ``growths``, or SGLang's own clip."""
-        extra = self.planner.admission.marginal(growths, req)
+        extra = self.admission.marginal(growths, req)
         return self.stock_clip if extra is None else extra
 
     def newcomer(self, req):
-        return self.planner.admission.newcomer(req)
+        return self.admission.newcomer(req)
 
     def on_release(self, req) -> None:
         """The request gives back its req_pool_idx (finish, abort or retraction)."""
@@ -206,8 +228,7 @@ class ZipageRuntime:
             self.window.release(req.req_pool_idx)
         st = getattr(req, "zipage", None)
         if st is not None and st.shadow is not None:
-            self.shadows.drop(st.shadow, self.planner.allocator)
-            st.shadow = None
+            self.shadows.drop(st.ended_shadow(), self.planner.allocator)
 
     def on_retract(self, req) -> None:
         request_state.restart(req)
@@ -223,7 +244,7 @@ class ZipageRuntime:
             return False
         st = getattr(req, "zipage", None)
         copied = (st is not None and st.c0 is not None
-                  and st.c0 < floor_page(filled, self.planner.page_size))
+                  and st.c0 < floor_page(filled, self.budget.page_size))
         return filled > len(req.origin_input_ids) or copied
 
     # ------------------------------------------------------- decode step
@@ -261,7 +282,7 @@ class ZipageRuntime:
 
     def stash_query(self, layer_id: int, q_nope) -> None:
         """MLA: the model split its query before absorbing it (kv_layout.MLALayout.stash)."""
-        if self.ready and self.layout.name == "mla-compact":
+        if self.ready:
             self.layout.stash(layer_id, q_nope)
 
     def log_parts(self):

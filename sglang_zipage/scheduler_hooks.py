@@ -152,6 +152,10 @@ def evict_for(batch, num_tokens):
 def lift_pool_cap(original, scheduler, req):
     requested = req.sampling_params.max_new_tokens
     original(scheduler, req)
+    problem = RUNTIME.request_problem(req) if req.to_finish is None else None
+    if problem:  # SGLang answers an aborted new request with HTTP 400 and this message
+        req.set_finish_with_abort(problem)
+        return
     budget = RUNTIME.budget_of(req)
     if budget is None:
         return  # compression off for this request: SGLang's cap stands

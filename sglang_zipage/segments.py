@@ -44,8 +44,8 @@ class Segments:
         if not self.scan(req, st):
             return False
         stats.add("answers_started")
-        if st.window_since >= 0 or window.assign(req.req_pool_idx):
-            st.window_since = req.decode_batch_idx
+        if st.has_window or window.assign(req.req_pool_idx):
+            st.took_window(req.decode_batch_idx)
         return True
 
     def scan(self, req, st) -> bool:
@@ -56,10 +56,10 @@ class Segments:
         if not marker or len(out) < len(marker):
             return False
         j = find(out, marker, st.think_scanned - len(marker) + 1)
-        st.think_scanned = len(out)
+        st.scanned(len(out))
         if j < 0:
             return False
-        st.answer_col = len(req.origin_input_ids) + j - st.pos_offset
+        st.answer_starts(len(req.origin_input_ids) + j - st.pos_offset)
         return True
 
     def answer_cut(self, req, st, budget, page: int, stats) -> Optional[Tuple[int, int, int]]:
@@ -74,10 +74,10 @@ class Segments:
         k = own if own else (budget.kv_budget if thinking > budget.limit else 0)
         k = min(k, thinking) if k else 0
         if not k or thinking <= k or thinking - k < page:
-            st.answer_done = True
+            st.answer_finished()
             return None
         if not budget.can_score(st, req.decode_batch_idx):
             return None
-        st.answer_done = True
+        st.answer_finished()
         stats.add("answer_compactions")
         return thinking, k, req.kv_committed_len - st.c0 - thinking

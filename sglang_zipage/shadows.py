@@ -88,15 +88,15 @@ class ShadowCompactions:
         launch = ShadowLaunch(plan)
         self.launches.append(launch)
         for row, (req, it) in enumerate(group):
-            req.zipage.shadow = Shadow(launch, row, it.suffix, old[row, :it.suffix],
-                                       fresh[row].clone())  # dst rows may be zeroed
+            req.zipage.started_shadow(Shadow(launch, row, it.suffix, old[row, :it.suffix],
+                                             fresh[row].clone()))  # dst rows may be zeroed
         self.held += k * len(group)
 
     def commit(self, req, req_to_token, suffix: int, allocator):
         """Swap the request onto its fresh slots, free its old snapshot. Returns
         (k kept, tokens evicted, whether the next forward must wait for the launch)."""
         st = req.zipage
-        sh, st.shadow = st.shadow, None
+        sh = st.ended_shadow()
         awaited = not sh.launch.finished()
         if awaited and sh.launch not in self.waits:
             self.waits.append(sh.launch)

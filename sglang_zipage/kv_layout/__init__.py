@@ -32,7 +32,8 @@ from __future__ import annotations
 
 from sglang_zipage.kv_layout.base import (DISABLE_HINT, FP8_DTYPES, KVLayout, LayerKV, QueryAbsorption,
                                           QueryShape, ZipageUnsupported, architecture,
-                                          attention_layers, uniform_query, window_of)
+                                          async_on_hybrid_swa, attention_layers, below_window,
+                                          uniform_query, window_of)
 from sglang_zipage.kv_layout.hybrid_swa import HybridSWALayout
 from sglang_zipage.kv_layout.mha import MHALayout
 from sglang_zipage.kv_layout.mla import MLALayout, mla_modules, mla_parents, mla_query
@@ -40,10 +41,11 @@ from sglang_zipage.memory import BufferShapes
 
 __all__ = ["detect", "buffer_shapes", "KVLayout", "LayerKV", "QueryAbsorption", "QueryShape",
            "ZipageUnsupported", "MHALayout", "MLALayout", "HybridSWALayout", "FP8_DTYPES",
-           "DISABLE_HINT"]
+           "DISABLE_HINT", "below_window", "async_on_hybrid_swa"]
 
 
-def detect(model_runner, kv_budget: int, async_compaction: bool = False) -> KVLayout:
+def detect(model_runner, kv_budget: int, async_compaction: bool = False,
+           min_kv_budget: int = 0) -> KVLayout:
     pool = model_runner.token_to_kv_pool
     cls = type(pool).__name__
     attns = attention_layers(model_runner.model)
@@ -54,19 +56,17 @@ def detect(model_runner, kv_budget: int, async_compaction: bool = False) -> KVLa
         layout = MLALayout(pool, attns, model_runner.model)
     elif cls == "SWAKVPool" and type(pool.full_kv_pool).__name__ == "MHATokenToKVPool":
         if async_compaction:
-            raise ZipageUnsupported(
-                f"--zipage-async with {arch}'s hybrid sliding-window pool (SWAKVPool) is not "
-                f"supported; drop --zipage-async, or pass --disable-hybrid-swa-memory")
+            raise ZipageUnsupported(async_on_hybrid_swa(arch))
         layout = HybridSWALayout(pool, attns)
     else:
         raise ZipageUnsupported(f"sglang-zipage cannot compress {arch}: its KV pool {cls} is "
                                 f"not a layout it knows (MHA, MLA, hybrid SWA); {DISABLE_HINT}")
     layout.num_layers = max(attns) + 1
-    if kv_budget < layout.least_kv_budget:
-        raise ZipageUnsupported(
-            f"--zipage-kv-budget {kv_budget} is below {arch}'s sliding window "
-            f"({layout.sliding_window} tokens): its sliding-window layers need that many "
-            f"tokens kept; use --zipage-kv-budget {layout.least_kv_budget} or more")
+    problem = (below_window(arch, layout.least_kv_budget, kv_budget)
+               or below_window(arch, layout.least_kv_budget, min_kv_budget,
+                               "--zipage-min-kv-budget"))
+    if problem:
+        raise ZipageUnsupported(problem)
     return layout
 
 

@@ -54,6 +54,23 @@ class ZipageUnsupported(RuntimeError):
     """This model or KV pool cannot run with compression; the message names it."""
 
 
+def below_window(arch: str, window: int, kv_budget: int, flag: str = "--zipage-kv-budget"):
+    """Why a budget (or floor) ``kv_budget`` cannot serve a model whose sliding-window layers
+    keep ``window`` tokens, or None: the one rule for the launcher (from the config),
+    the scheduler's startup (from the layers) and a request's own budget (HTTP 400)."""
+    if window and 0 < kv_budget < window:  # (0: no floor given)
+        return (f"{flag} {kv_budget} is below {arch}'s sliding window ({window} tokens), "
+                f"which its sliding-window layers must keep; use {flag} {window} or more")
+    return None
+
+
+def async_on_hybrid_swa(arch: str) -> str:
+    """The refusal of --zipage-async on a hybrid sliding-window pool (SWAKVPool), whose
+    window slots follow a compaction only when it is planned and run at once."""
+    return (f"--zipage-async with {arch}'s hybrid sliding-window pool (SWAKVPool) is not "
+            f"supported; drop --zipage-async, or pass --disable-hybrid-swa-memory")
+
+
 @dataclasses.dataclass(frozen=True)
 class QueryShape:
     heads: int  # query heads of this rank
@@ -76,6 +93,13 @@ class KVLayout:
     least_kv_budget: int = 1  # a sliding window needs at least this many kept tokens
     sliding_window: int = 0
     num_layers: int = 0  # attention layers of the model (highest layer id + 1)
+    # Its compressed span may be followed by columns that stay (an answer, segments.py) and
+    # may start inside the prompt (own_prompt.py); False where the window remap assumes the
+    # compressed span ends the request (hybrid SWA).
+    spans_anywhere: bool = True
+
+    def stash(self, layer_id: int, q_nope: torch.Tensor) -> None:
+        """The model split an MLA query before absorbing it (MLA only; others: nothing)."""
 
     def ring_rows(self) -> List[int]:
         """[global layer id] -> query-window ring row, -1 for layers not scored."""

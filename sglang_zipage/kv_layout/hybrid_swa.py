@@ -16,6 +16,7 @@ class HybridSWALayout(KVLayout):
     ``full_to_swa_index_mapping``; slots outside the window are freed as decode goes on)."""
 
     name = "hybrid-swa"
+    spans_anywhere = False  # remap_window moves the newest columns of the compressed span
 
     def __init__(self, pool, attns: Dict[int, list]):
         # layers the model has (a pool sized from a longer config may map more)

@@ -18,6 +18,7 @@ import random
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
+import requests
 
 from sglang_zipage.harness.server import STRICT_MEM_ENV, Server
 from zipage_server import POOL_SHARE, REPO, assert_healthy
@@ -73,10 +74,10 @@ def test_compresses_with_the_kv_bounded_and_short_outputs_equal_stock(family):
     theirs = stock.generate_ids(short, [_greedy(24)] * 3)
     assert [o["output_ids"] for o in ours] == [o["output_ids"] for o in theirs]
     assert all(o["meta_info"]["zipage_compactions"] == 0 for o in ours)
-    # an own budget below the 31-token window is raised to it: the window stays whole
-    (small,) = zipage.generate_ids(_prompts(1, 30, 3), [{**_greedy(120), "zipage_kv_budget": 16}])
-    meta = small["meta_info"]
+    # an own budget below the 31-token window is refused, naming the field (never raised)
     window = state["layout"]["sliding_window"]
-    assert meta["zipage_compactions"] >= 1
-    assert meta["prompt_tokens"] + window <= meta["zipage_kv_len"] <= meta["prompt_tokens"] + window + BUFFER
+    r = requests.post(zipage.url + "/generate", timeout=600, json={
+        "input_ids": _prompts(1, 30, 3)[0], "sampling_params": {**_greedy(120), "zipage_kv_budget": 16}})
+    assert r.status_code == 400, r.text
+    assert "zipage_kv_budget 16 is below" in r.text and f"({window} tokens)" in r.text
     assert_healthy(zipage)

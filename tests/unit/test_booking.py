@@ -152,8 +152,15 @@ def test_the_floor_of_a_request():
     assert squeezed.kv_budget == 32 and squeezed.limit == 48  # A3: its budget while squeezed
     assert budgets.of(None, boost=2).kv_budget == 128  # the loop guard's raise ...
     assert budgets.of(None, boost=2, squeezed_to=32).kv_budget == 32  # ... not while squeezed
-    swa = Budgets(Budget(64, 16, 16), least_kv_budget=48, min_kv_budget=32)
-    assert swa.floor(None) == 48  # the sliding window holds
+    swa = Budgets(Budget(64, 16, 16), least_kv_budget=48, min_kv_budget=48)
+    assert swa.floor(None) == 48 and swa.problem(None, None) is None
+    # a request's own budget or floor below the sliding window is refused (HTTP 400), and
+    # never raised to it in silence: it does not compress
+    assert swa.problem(32, None) == ("zipage_kv_budget", 32)
+    assert swa.problem(64, 32) == ("zipage_min_kv_budget", 32)
+    assert swa.of(32) is None and swa.of(64).kv_budget == 64
+    with pytest.raises(AssertionError, match="refused at startup"):
+        Budgets(Budget(64, 16, 16), least_kv_budget=48, min_kv_budget=32)
 
 
 def test_a_budget_range_is_checked_once_where_it_is_set():

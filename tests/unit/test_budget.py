@@ -61,9 +61,11 @@ def test_a_request_past_its_limit_reserves_nothing_more():
 def test_long_suffixes_compact_in_launches_of_bounded_scratch():
     from sglang_zipage.compaction import CompactionItem
     from sglang_zipage.planner import MAX_REQS_PER_LAUNCH, SCRATCH_LIMITS, Planner
+    from sglang_zipage.policy import RequestBudgets
 
-    planner = Planner(Budgets(Budget(64, 16, 16, elastic=True)), layout=None, window=None,
-                      shadows=None, allocator=None, stats=None, decisions=None)
+    planner = Planner(RequestBudgets(Budgets(Budget(64, 16, 16, elastic=True))), None,
+                      layout=None, window=None, shadows=None, allocator=None, stats=None,
+                      decisions=None, pending=[])
     suffixes = [12000, 80, 3000, 80, 900] + [80] * 40
     items = [CompactionItem(i, 0, s, 0, True, i, 64) for i, s in enumerate(suffixes)]
     groups = list(planner._launch_groups(items))
