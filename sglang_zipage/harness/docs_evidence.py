@@ -7,10 +7,12 @@ Python over JSON: no torch, no sglang.
 
 from __future__ import annotations
 
+import glob
+import os
 from collections import OrderedDict
 from typing import Dict, List
 
-from sglang_zipage.harness.docs_tables import link, load_json, md_table, num, short_commit
+from sglang_zipage.harness.docs_tables import RESULTS, link, load_json, md_table, num, short_commit
 
 FIDELITY_VARIANTS = ("window", "+decay", "+redundancy", "+pooling", "random", "recent")
 
@@ -85,16 +87,22 @@ def coverage_table(root: str = ".", prefix: str = "") -> str:
 
 
 def coverage_summary(root: str = ".", prefix: str = "") -> str:
-    """One line per family for the README: what ran, what was refused."""
+    """One line per family for the README: how many rows pass, and what was refused."""
     res = load_json(root, "coverage-h200.json")
-    families: Dict[str, List[str]] = OrderedDict()
+    families: Dict[str, List[Dict]] = OrderedDict()
     for row in sorted(res["rows"], key=lambda r: r["family"]):
-        families.setdefault(row["family"], []).append(row["status"])
-    rows = [(f, f"{st.count('pass')} of {len(st)} pass" + (
-        f", {st.count('refused')} refused" if st.count("refused") else ""))
-        for f, st in families.items()]
+        families.setdefault(row["family"], []).append(row)
+    rows = []
+    for family, runs in families.items():
+        passed = sum(r["status"] == "pass" for r in runs)
+        refused = [f"{r['attention_backend']} p{r['page_size']}" for r in runs
+                   if r["status"] == "refused"]
+        rows.append((family, f"{passed} of {len(runs)}",
+                     "every row (the model)" if len(refused) == len(runs)
+                     else ", ".join(sorted(set(refused))) or "-"))
     s = res["summary"]
-    return (md_table(("family (dummy weights, public config)", "rows on one H200"), rows)
+    return (md_table(("family (dummy weights, public config)", "rows that pass",
+                      "refused by design"), rows)
             + f"\n\nIn all {s['pass']} pass, {s['refused']} refused by design, {s['fail']} fail: "
             f"{link('coverage-h200.json', prefix)}.")
 
@@ -123,9 +131,10 @@ def step_profile_table(root: str = ".", prefix: str = "") -> str:
             f"{link('step-profile-h200.json', prefix)}.")
 
 
-SIZING_ROWS = (("kept", "prompt kept"), ("compressed", "`--zipage-compress-prompt`"),
-               ("kept_floor", "`--zipage-min-kv-budget` floor"),
-               ("compressed_floor", "both"))
+SIZING_ROWS = (("kept", "at the budget, prompt kept"),
+               ("compressed", "at the budget, prompt compressed"),
+               ("kept_floor", "squeezed to the floor, prompt kept"),
+               ("compressed_floor", "squeezed to the floor, prompt compressed"))
 
 
 def sizing_table(root: str = ".", prefix: str = "") -> str:
@@ -150,3 +159,35 @@ def sizing_table(root: str = ".", prefix: str = "") -> str:
             f"{line['b_ms_per_request']} ms a running request (a line through the long-run "
             f"rows, largest residual {line['largest_residual_ms']} ms). "
             f"{link('sizing-arithmetic.json', prefix)}.")
+
+
+def _commands(res: Dict) -> List[str]:
+    """The commands a result file records, in its own order, each once."""
+    found: List[str] = []
+    for m in res.get("merged_from") or []:
+        found.append((f"# {m['engine']}\n" if m.get("engine") else "") + m["command"])
+    if isinstance(res.get("command"), str) and res["command"] != "per load (loads[].command)":
+        found.append(res["command"])
+    for key in ("runs", "rows"):  # lists of runs (dicts of runs hold their own commands)
+        runs = res.get(key) if isinstance(res.get(key), list) else []
+        found += [r["command"] for r in runs
+                  if isinstance(r, dict) and isinstance(r.get("command"), str)]
+    if res.get("device_command"):
+        found.append("# device calls: " + res["device_command"])
+    return list(dict.fromkeys(found))
+
+
+def commands_list(root: str = ".", prefix: str = "") -> str:
+    """Every result file with the commands it records (fenced), for docs/benchmarks.md."""
+    out = []
+    for path in sorted(glob.glob(os.path.join(root, RESULTS, "*.json"))):
+        name = os.path.basename(path)
+        if name.endswith("_raw.json"):
+            continue
+        commands = _commands(load_json(root, name))
+        out.append(f"- {link(name, prefix)}" + (":" if commands else ": the commands are in "
+                                                 "its notes"))
+        if commands:
+            out += ["", "  ```"] + [f"  {line}" for c in commands for line in c.splitlines()]
+            out += ["  ```", ""]
+    return "\n".join(out)

@@ -43,6 +43,7 @@ def zipage_flags_table() -> str:
         text, default = _help_and_default(a)
         values = (", ".join(a.choices) if a.choices else
                   "flag" if a.nargs == 0 else (a.type.__name__ if a.type else "str"))
+        text = text.replace("<", "&lt;").replace(">", "&gt;")  # </think> is not a tag
         rows.append((f"`{a.option_strings[0]}`", default, values, text))
     return md_table(("flag", "default", "values", "what it does"), rows)
 

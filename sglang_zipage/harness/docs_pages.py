@@ -40,6 +40,7 @@ BLOCKS: Dict[str, Callable[[str, str], str]] = {
     "results-composability": ev.composability_table,
     "results-step-profile": ev.step_profile_table,
     "results-sizing": ev.sizing_table,
+    "benchmarks-commands": ev.commands_list,
     "results-soak": cpu.soak_table,
     "results-ci-time": cpu.ci_time_table,
     "results-admission": cpu.admission_table,
