@@ -241,17 +241,21 @@ def readme_table(root: str = ".", prefix: str = "") -> str:
             r = steady[key]
             what = f"{r['load']}, {r['span']}"
             same, evidence = same_gpu(r["same_session"]), link(key, prefix)
+            retracted = pair(*r["retractions"], 1) + " a min"
         else:
             r = first[key]
             what = f"{r['load']}, all at t=0, {r['until']}"
             same, evidence = pairing(r["parallel"]), link("throughput-h200.json", prefix)
+            retracted = pair(*r["retractions"]) + (" in the window" if "window" in r["until"]
+                                                   else " in the run")
         flags = r.get("flags") or ("defaults" if r.get("mode") == "elastic" else
                                    f"`--zipage-mode {r.get('mode')}`")
         rows.append((what, flags, num(r["stock_tok_s"]), num(r["zipage_tok_s"]),
-                     ratio(r["ratio"]), pair(*r["tpot_p99"], 1), r["card"], same, evidence))
+                     ratio(r["ratio"]), pair(*r["tpot_p50"], 1), pair(*r["tpot_p99"], 1),
+                     retracted, f"{r['card']}, {r['commits']}", same, evidence))
     header = ("load", "zipage flags", "stock tok/s", "zipage tok/s", "ratio",
-              "TPOT p99 ms (stock / zipage)", "card", "both engines back to back on one GPU",
-              "evidence")
+              "TPOT p50 ms (stock / zipage)", "TPOT p99 ms", "retractions", "card, commit(s)",
+              "both engines back to back on one GPU", "evidence")
     return md_table(header, rows)
 
 
