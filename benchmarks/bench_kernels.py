@@ -1,27 +1,19 @@
 """Benchmark of the compression kernels (selection + compaction) on one GPU.
 
-Qwen3-8B dims: 36 layers, 32 query heads, 8 KV heads, head_dim 128, bf16;
-S = 2048 + 256 tokens per request, k = 2048; batches of 1, 8 and 32 requests on
-permuted slots. Measures (CUDA events, warm-up first, median of N):
-  copy_GBps            device-to-device torch copy, bytes read + written / s
-  compaction_GBps      compact_kv, bytes of K, V rows read + written and scores
-                       written (+ kept scores read) / s; in place, batch 32
-  Launch configs of both kernels are swept first (batch 32) and the fastest are
-  adopted (kernels' TUNING) for every later number; "tuning" records them.
-  batch{1,8,32}_compress_ms   scoring.select_and_compact, what the engine runs (default
-                       params): score_tokens + select_topk + in_place_order + compact_kv;
-                       each pipeline row also times compact_kv with ascending keep (every
-                       kept row moves) and with in_place_order's (only holes + window move),
-                       and global_scores (pooling + decay + protection) fused and in torch
-  qwindow_write_us_per_step   the engine's QueryWindow.write for 36 layers of a batch
-                       of 256 (the queries a strided view of a fused qkv output), per
-                       decode step (CUDA-graph replay; eager too)
-  bf16_checks          Triton vs torch twin on the GPU in bf16
-  jit_variants         compiled Triton variants of the four kernels before and after the
-                       engine's select_and_compact ran batches of other shapes (request
-                       count, S_max padded as the planner pads it, lengths, k): 0 new ones
-                       means no compile stall mid-serving; each shape's first and second
-                       call times
+Qwen3-8B dims: 36 layers, 32 query heads, 8 KV heads, head_dim 128, bf16; S = 2048 + 256
+tokens per request, k = 2048; batches of 1, 8 and 32 requests on permuted slots. Measures
+(CUDA events, warm-up first, median of N; launch configs swept first at batch 32):
+  copy_GBps / compaction_GBps   a device-to-device copy; compact_kv in place, batch 32
+  batch{1,8,32}_compress_ms     scoring.select_and_compact, what the engine runs: scoring +
+                                top-k + in-place order + compact_kv; each pipeline row also
+                                times every stage, compact_kv moving every kept row, the
+                                fused global_scores against torch, and scoring with full and
+                                lightning redundancy
+  qwindow_write_us_per_step     QueryWindow.write for 36 layers of 256 requests, per decode
+                                step (CUDA-graph replay; eager too)
+  bf16_checks                   Triton vs torch twin on the GPU in bf16
+  jit_variants                  compiled Triton variants before and after batches of other
+                                shapes: 0 new ones means no compile stall mid-serving
 Imports torch, triton and sglang_zipage.{kernels,scoring,query_window,harness.record} only.
 
 Run:  PYTHONPATH=$PWD python3 benchmarks/bench_kernels.py --out results/kernels-h200.json

@@ -1,50 +1,28 @@
 #!/usr/bin/env python3
 """Output throughput of stock SGLang 0.5.17 vs sglang-zipage, same workload, one process (issue 8).
 
-For each engine in --engines (default stock then zipage): start it, warm it up, run every
-load in --load on it, shut it down; then the next engine, with the same model and flags.
-Both engines are ``sglang_zipage.Engine``: "stock" passes ``zipage_enabled=False``, which
-installs no hook at all (only, on a machine without a GPU, the CPU import fix that stock
-SGLang 0.5.17 needs to start there), so it runs SGLang's own code paths.
-
-zipage runs the engine's default mode, elastic; the fixed-mode rows of the results files ran
-before elastic became the default (issue 17): --zipage-option mode=fixed reproduces them.
-
-Loads (dummy weights, random prompt ids, greedy, ignore_eos, all requests submitted at t=0):
-  steady  512 x 512 -> 16384: saturated queue; output tok/s over the window
-          [--window-start-s, --window-end-s] after submission, then everything is aborted
-  fixed   256 x 512 -> 6144: run to completion (or --deadline-s): wall time, output tok/s
-  shared  as steady, every prompt = one shared --shared-prefix-len (2048) prefix + 512 own
+For each engine in --engines (default stock then zipage): start it (``sglang_zipage.Engine``;
+"stock" passes ``zipage_enabled=False``, which installs no hook), warm it up, run every load in
+--load on it, shut it down. Loads (dummy weights, random prompt ids, greedy, ignore_eos, all
+requests submitted at t=0; sizes per load: --load steady:output_len=8192,short):
+  steady  512 x 512 -> 16384: output tok/s over the window [--window-start-s, --window-end-s]
+  fixed   256 x 512 -> 6144: run to completion (or --deadline-s)
+  shared  as steady, every prompt one shared --shared-prefix-len (2048) prefix + 512 own
   short   256 x 512 -> 1024: outputs below the budget, compression never triggers
---num-requests/--input-len/--output-len change every load; one load's own sizes go after
-its name: --load steady:output_len=8192,short. The label is the JSON "load" key.
-
-Every request streams (every --stream-interval tokens) so its completion_tokens and
-timestamps are known at all times; a sampler records each second: output tokens so far,
-running/waiting requests and KV token usage (SGLang's load snapshot), retractions
-(meta_info num_retractions, seen when a retracted request streams again) and the zipage
-counters of get_server_info()["internal_states"][0]["zipage"] (sglang_zipage.harness: the
-engines and their flags, the streaming client, the sampler and the window). A progress line
-is printed every --progress-s. Results are rewritten into --out after every (engine, load),
-so a run cut short keeps what it measured. benchmarks/plot_throughput.py draws the PNG.
-
-The window lies minutes after a cold start: stock's pool is full but its sequences are
-still growing, so its window rate is above its long-run rate (requests finishing and
-re-admitted, longer sequences); the measured ratio is conservative. In a window that ends
-before the first stock request finishes, 8k and 16k outputs behave the same.
+A sampler records output tokens, running/waiting requests, KV usage, retractions and zipage's
+counters every second; --out is rewritten after every (engine, load). zipage runs elastic mode;
+the committed first-wave rows ran --zipage-option mode=fixed. plot_throughput.py draws the PNG.
 
 CPU check (2-layer Qwen3 written to a temp folder; about 3 minutes):
-  .venv/bin/python benchmarks/bench_throughput.py --tiny --load steady --num-requests 8 \
-      --input-len 32 --output-len 2000 --zipage-kv-budget 64 --zipage-buffer 16 \
+  .venv/bin/python benchmarks/bench_throughput.py --tiny --load steady --num-requests 8 \\
+      --input-len 32 --output-len 2000 --zipage-kv-budget 64 --zipage-buffer 16 \\
       --window-start-s 10 --window-end-s 30 --out /tmp/tp.json --png /tmp/tp.png
-H200 with two GPUs (nvidia-h200-x2), both engines at the same time, one per GPU, one call
-(this produced benchmarks/results/throughput-h200.json):
-  source benchmarks/device_env.sh && python3 benchmarks/bench_throughput.py --parallel \
-      --load steady --disable-prefill-cuda-graph --window-start-s 150 --window-end-s 330 \
+Two GPUs (nvidia-h200-x2), both engines at once, one per GPU (throughput-h200.json):
+  source benchmarks/device_env.sh && python3 benchmarks/bench_throughput.py --parallel \\
+      --load steady --disable-prefill-cuda-graph --window-start-s 150 --window-end-s 330 \\
       --call-budget-s 540 --commit SHA --out $OUT/throughput-h200.json
-One GPU: drop --parallel (stock, then zipage, in one process), or one engine per call
-(--engines stock, then --engines zipage) and
-  python benchmarks/bench_throughput.py --merge stock.json zipage.json --out both.json
+One GPU: drop --parallel, or one engine per call and --merge stock.json zipage.json --out both.json.
+Every row's command: docs/benchmarks.md.
 """
 
 from __future__ import annotations

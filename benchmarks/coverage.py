@@ -6,35 +6,21 @@ budget and matches stock where nothing compresses, or is refused at startup by n
         --out $OUT/coverage-h200.json --parallel 6 --deadline-s 1500
 
 Each row (family, kv_dtype, attention_backend, page_size) runs in a process of its own
-(``coverage.py row ...``): a stock engine (zipage disabled), then a zipage engine (fixed mode;
-the loop guard on, its default), on the family's config.json under
-benchmarks/models/ (public dimensions, ``layers`` layers, dummy weights seeded alike in both),
-CUDA graphs and the overlap scheduler on, SGLang's strict memory checker on:
-  short     4 prompts of 200 random ids, 48 greedy tokens, one batch (never compresses):
-            output ids equal stock's
-  compress  16 prompts x 200 ids x 900 tokens sampled at temperature 1 (greedy decoding on
-            dummy weights loops within a few tokens, and the loop guard would raise every
-            budget), one batch: every request reaches 900
-            tokens and compacted at least once per buffer after the first limit (once, if
-            the loop guard raised its budget), and no suffix outgrew budget + buffer (the
-            raised budget's) (DeepSeek-V3: a second batch at a per-request budget of 2048,
-            16 x 2600 tokens)
-  answers   the compress batch's prompts again, sampled, each with a think-end marker
-            (issue 31): a token a logit bias makes it write about once per 450 tokens
-            (think_marker_params), so that it first comes at a random point, and
-            zipage_answer_budget 128: where
-            the marker was written, every token from it on is still in the request's KV at
-            the end, and what it kept of the thinking before it is at most the answer budget
-  memory    zipage's buffers (memory_bytes of /server_info) take at most 3% of the pool
-            stock sizes from the same flags (issue 28); start times (stock first: see
-            run_row) and zipage's own kernel warm-up (warm_up_s) are recorded
-A startup refusal (zipage's checks, engine.checked, asked before anything starts; or an
-engine that raises before serving, naming the model or flag) is status ``refused``; a
-failed check, a crash or a timeout is ``fail``. Rows run ``--parallel`` at a
-time on one GPU, and only as many as GPU_GIB (each row's estimate) lets share it; the driver
-writes the JSON after every row, so a run cut short keeps what it measured. Families and
-rows: FAMILIES and MATRIX below. ``coverage.py merge BASE RUN... --out`` folds runs into the
-results file (benchmarks/results/coverage-h200.json).
+(``coverage.py row ...``): a stock engine, then a zipage engine (fixed mode, loop guard on), on
+the family's config.json under benchmarks/models/ (public dimensions, a few layers, dummy
+weights seeded alike), CUDA graphs, overlap and SGLang's strict memory checker on. Checks:
+  short     4 x 200-id prompts, 48 greedy tokens, one batch: output ids equal stock's
+  compress  16 x 200 ids x 900 tokens at temperature 1, one batch: every request completes,
+            compacts at least once per buffer after its limit, and no suffix outgrows
+            budget + buffer (the loop guard's raised budget where it fired)
+  answers   the same prompts with a think-end marker (a logit bias) and answer budget 128:
+            every answer stays whole, the thinking before it is kept within the answer budget
+  memory    zipage's buffers take at most 3% of the pool stock sizes from the same flags;
+            start times and zipage's kernel warm-up are recorded
+A startup refusal is status ``refused``; a failed check, crash or timeout ``fail``. Rows run
+--parallel at a time on one GPU, as GPU_GIB allows; the JSON is written after every row.
+FAMILIES and MATRIX below list the rows; ``coverage.py merge BASE RUN... --out`` folds runs
+into benchmarks/results/coverage-h200.json.
 """
 
 from __future__ import annotations

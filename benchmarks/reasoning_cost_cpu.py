@@ -6,8 +6,8 @@ per running request per step.
 
     .venv/bin/python benchmarks/reasoning_cost_cpu.py --out benchmarks/results/reasoning-cost-cpu.json
 
---requests requests (266: what a Qwen3-8B-shaped H200 pool runs at budget 2048, README
-"Sizing") with outputs of --output tokens and random ids (so no marker is found and no loop
+--requests requests (266: what a Qwen3-8B-shaped H200 pool runs at budget 2048, docs/results.md's
+first-wave rows) with outputs of --output tokens and random ids (so no marker is found and no loop
 seen: the scan searches every new token, the guard measures a full 400-token window every 32
 tokens), --steps decode steps; mean milliseconds per step for each. Nothing is asserted.
 """

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""The README's sizing arithmetic ("Sizing the budget"), as numbers: the tokens a running
+"""The sizing arithmetic of docs/results.md ("Reading the rows"), as numbers: the tokens a running
 request holds on average in a long run, for stock and for zipage (prompt kept whole or
 compressed, at the budget or squeezed to a floor), and the running-request ratios they give
 in one pool. Arithmetic, not a measurement (sglang_zipage/harness/sizing.py says how a

@@ -1,47 +1,27 @@
 #!/usr/bin/env python3
 """Soak a running server with mixed requests and client aborts, then look for leaks (issue 7).
 
-Sends --num-requests requests to ``URL/generate`` (SGLang's native API), at most
---concurrency at a time, drawn from a seeded mix:
-  - output length: short (--short-len) or long (--long-len, several compactions); every
-    request uses ignore_eos, so a completed one must have exactly max_new_tokens tokens
-  - prompt: one of a few shared-prefix prompts (radix hits) or a unique one, some of them
-    longer than a prefill chunk
-  - budget: the server's default, a small ``zipage_kv_budget`` or 0 (compression off)
-  - streaming or not; some streaming requests are dropped by the client (the connection
-    is closed) after a random number of output tokens, half of them close to the
-    request's first compaction point
-Prompts are text, or token ids with --input-ids (servers run with --skip-tokenizer-init,
-any vocabulary: ids are drawn from [100, --vocab-size - 100)).
+Sends --num-requests requests to ``URL/generate``, at most --concurrency at a time, drawn from
+a seeded mix: short or long outputs (ignore_eos, so a completed one has exactly
+max_new_tokens), shared-prefix or unique prompts (some longer than a prefill chunk), the
+server's budget, a small ``zipage_kv_budget`` or 0, streaming or not, and streams dropped by the
+client after a random number of tokens (half of them near the first compaction). Prompts are
+text, or token ids with --input-ids. Then it waits until the server is idle and records
+``leaked_slots`` (KV slots used at idle + shadow tokens + window slots held: /v1/loads and
+/server_info) and ``errors`` (non-200 answers, broken streams, wrong completion_tokens, missing
+meta_info keys, a request holding more KV than prompt + budget + buffer); run the server under
+SGLang's strict memory checker so a leak kills it. Works against stock SGLang too (zipage
+checks skipped). The JSON goes to --out (and stdout).
 
-Then it waits until the server is idle and records leak evidence:
-  - ``/v1/loads``: KV token slots neither free nor evictable from the radix tree
-    (``num_used_tokens``), which is 0 on an idle server
-  - ``/server_info`` internal_states[0]["zipage"]: ``shadow_tokens_held`` (fresh slots of
-    asynchronous compactions), ``running_compressed_requests``, window slots not returned
-  - ``/health``: run the server with SGLang's strict memory checker
-    (SGLANG_ENABLE_STRICT_MEM_CHECK_DURING_BUSY=1 SGLANG_CHECK_KV_PAGE_INVARIANTS=1
-    SGLANG_DEBUG_MEMORY_POOL=1): a leak or bad page found by it kills the scheduler
-``leaked_slots`` = KV token slots used at idle + shadow tokens held + window slots held.
-``errors`` counts non-200 answers, broken streams and malformed or incomplete responses
-(wrong completion_tokens, empty output, missing meta_info keys, a compressed request
-holding more KV than prompt + budget + buffer). The JSON goes to --out (and stdout).
-
-  python benchmarks/soak.py --url http://127.0.0.1:30000 --num-requests 300 \
+  python benchmarks/soak.py --url http://127.0.0.1:30000 --num-requests 300 \\
       --concurrency 8 --seed 0 --out /tmp/soak.json
-Works against any SGLang server: without zipage (stock) the zipage checks are skipped.
-
---start-server "SERVER FLAGS" (instead of --url) starts the server itself and stops it at
-the end: ``python -m sglang_zipage.launch_server`` on a 2-layer Qwen3 with dummy weights
-(token ids, no tokenizer: pass --input-ids) and the given flags, under SGLang's strict
-memory checker; the JSON then also gets the server command and the number of tracebacks in
-the server's log (<out>-server.log), and stdout a one-line summary. The H200 run behind
-benchmarks/results/soak-h200.json (made with the shell script this option replaced):
-  python3 benchmarks/soak.py --out $OUT/soak-h200.json --start-server "--attention-backend \
-      triton --page-size 16 --zipage-mode fixed --zipage-async --zipage-kv-budget 256 \
-      --zipage-buffer 64 --max-total-tokens 32768 --disable-prefill-cuda-graph" \
+--start-server "SERVER FLAGS" (instead of --url) starts the launcher itself on a 2-layer Qwen3
+with dummy weights under the strict memory checker (pass --input-ids), and records the server
+command and the tracebacks in its log. The H200 run (results/soak-h200.json):
+  python3 benchmarks/soak.py --out $OUT/soak-h200.json --start-server "--attention-backend \\
+      triton --page-size 16 --zipage-mode fixed --zipage-async --zipage-kv-budget 256 \\
+      --zipage-buffer 64 --max-total-tokens 32768 --disable-prefill-cuda-graph" \\
       --input-ids --num-requests 10000 --concurrency 256 --seed 0
-(a single flag: --start-server=--zipage-async)
 """
 
 from __future__ import annotations

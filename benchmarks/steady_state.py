@@ -2,79 +2,24 @@
 """Steady-state serving throughput, as a busy reasoning service sees it (issue 18).
 
 One invocation measures one engine: it starts ``python -m sglang_zipage.launch_server``
-(stock SGLang with ``--engine stock``, which adds ``--zipage-disable``), loads it with
-SGLang's own ``sglang.bench_serving`` (Poisson arrivals at ``--request-rate``, random token
-ids, ``ignore_eos``, streaming) and measures over a window [--window-start-s, --window-end-s]
-after the load started, once the pool is full, compaction runs and the queue never empties.
-Stock and zipage run in separate invocations (consecutive GPU calls); ``--merge`` puts
-them side by side.
+(``--engine stock`` adds ``--zipage-disable``), loads it with SGLang's own
+``sglang.bench_serving`` (Poisson arrivals at --request-rate, random token ids, ignore_eos,
+streaming) and measures over the window [--window-start-s, --window-end-s] after the load
+started: output tok/s, running and waiting requests, pool use, retractions and finished
+requests per minute, compaction share; bench_serving's own report (TTFT, TPOT, ITL) covers the
+whole run. At the window end every request is aborted, so bench_serving writes its report.
+--warm-start auto begins the load with a long run's running set; --merge puts a stock and a
+zipage run side by side (--long-run, --spans); --add-row MERGED RESULTS puts a merged file into
+throughput-h200.json as its steady-state row. The JSON (--out, rewritten every --save-every-s)
+holds the command, commit, GPU, server command, window metrics, time series and bench_serving's
+report; logs beside it. How it measures, and every row's exact calls: docs/benchmarks.md.
 
-What is measured
-  A sampler thread polls the server every --sample-interval-s: ``/metrics`` (the server
-  runs with ``--enable-metrics``) for the counters sglang:realtime_tokens_total
-  {mode="decode"} (one per running request per decode step: output tokens less each
-  request's first, which prefill makes), sglang:num_retracted_requests_total and
-  sglang:num_requests_total (finished); ``/v1/loads?include=core`` for running and
-  waiting requests and KV slots in use; ``/server_info`` internal_states[0]["zipage"] for
-  compactions and compaction_gpu_ms (polled for both engines: the same overhead).
-  Over the window: output tok/s, mean running / waiting requests, mean pool use (KV slots
-  held by requests / pool; the radix cache's evictable slots count as free), retractions
-  per minute, finished requests per minute, compaction share (compaction GPU ms / window ms).
-  bench_serving's own report (TTFT, TPOT, ITL, its output throughput) covers the whole run
-  from the first arrival to the window end, ramp-up included, not the window.
-
-How bench_serving ends at the window end
-  Above capacity bench_serving would only end (and write its report) once every queued
-  request has run to completion, hours later. So it runs in a child process (this file,
-  ``bench-serving-child``) that calls ``sglang.benchmark.serving.cli_main()`` unchanged but
-  for two wrappers: its arrival generator writes the load start time (t0) to a file and
-  stops sending at t0 + --window-end-s, and a request that ended without a single token
-  counts as failed. At the window end this process aborts every request on the server
-  (POST /abort_request abort_all, repeated until the child exits); the streams end,
-  bench_serving computes and writes its report: requests cut at the window end count with
-  the tokens they got (TPOT = their decode time / tokens; E2E latency is cut), requests
-  still queued (no token) are "failed" and left out, so TTFT percentiles cover only requests
-  that started (queueing time grows without bound above capacity anyway).
-
-Tokenizer: the dummy model folders hold only a config.json, and bench_serving's client needs
-text in every streamed chunk (it times tokens by the chunks whose "text" is not empty). So a
-word-level tokenizer with the model's vocabulary size is written to a temporary folder
-(id i <-> "t<i>", 0 = "<unk>"; about 3.6 MB for Qwen3, made in a second, nothing to carry)
-and serves both the server (--tokenizer-path) and bench_serving (--tokenizer, prompts sent
-as ids with --tokenize-prompt). Every generated id decodes to text, so token timing is exact.
-The server also always gets --incremental-streaming-output and --stream-interval 8 (one chunk
-per 8 tokens, each holding only its new text): otherwise every chunk carries the whole text so
-far and the single-threaded client parses O(n^2) bytes per request.
-
-Output: --out JSON with the command line, git commit, engine, server command and info, load
-arguments, the window metrics, the time series and bench_serving's report, rewritten every
---save-every-s (a run cut short keeps its data; "status" says how far it got). Logs beside it:
-<out>-server.log, <out>-bench_serving.log.
-
-CPU check (2-layer Qwen3 written to a temp folder; about 7 minutes on 2 busy cores, 5 of them
-server start; it gave 150 output tok/s, 18 running, 163 compactions in the window):
+CPU check (2-layer Qwen3 written to a temp folder; about 7 minutes on 2 busy cores):
   .venv/bin/python benchmarks/steady_state.py --tiny --engine zipage --num-prompts 40 \\
       --input-len 32 --output-len 200 --request-rate 4 --window-start-s 10 --window-end-s 40 \\
       --out /tmp/ss-tiny.json --zipage-kv-budget 64 --zipage-buffer 16 --max-total-tokens 2048 \\
       --zipage-memory-fraction 0.5  # a tiny pool needs a larger share for its window slots
-
-H200 (nvidia-h200), Qwen3-8B shape, default pool, budget 2048 + 256, 8k outputs (16k:
---output-len 16384 and -16k in the names). Arrivals at 8/s are far above capacity (about
-1 request/s at 8k), so the queue only grows; 4400 prompts keep arrivals coming through the
-window. One engine takes about 2 min to start, then the load runs to the window end, then
-~20 s to drain: more than one 10-minute call, so it runs in the background and writes to
-/tmp (each call has its own $OUT); follow-up calls must come before the machine is given
-back (it stays warm ~30 s), and a pair must fit the ~28 minutes a session holds it.
-benchmarks/steady_pair.sh runs both engines and the merge in one background chain (its
-header has the windows that fit; results/steady-8k-h200.json is one such run); --add-row
-MERGED RESULTS puts a merged file into throughput-h200.json as its steady-state row.
-Both engines get the same flags (--zipage-* are ignored by stock) but steady_pair.sh's decode
-graphs: stock --cuda-graph-max-bs-decode 512, zipage its launcher's default (graph_max_bs).
-
-What such a window shows (steady-8k-h200.json): with one output length, requests admitted
-together finish together, so both engines run in waves for many request lifetimes (8k
-tokens at ~37 ms a step is ~5 minutes); its "spans" (--merge --spans) give the ratio over
-other spans of the same runs.
+On a GPU, benchmarks/steady_pair.sh runs both engines and the merge in one background chain.
 """
 
 from __future__ import annotations

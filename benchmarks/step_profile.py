@@ -1,34 +1,18 @@
 #!/usr/bin/env python3
 """What one decode step with many short sequences costs, and where it goes (issue 18, item 2).
 
-For each engine in --engines: start it (the engine and flags of bench_throughput.py, from
-sglang_zipage.harness.engines, e.g. --attention-backend, --zipage-kv-budget,
---disable-prefill-cuda-graph), warm it up, then hold --running requests
-in decode at the same KV per request for both engines:
-  zipage  fixed mode (unless --zipage-option mode=... says otherwise), prompts of
-          --input-len ids; once every request has generated budget + 2 buffers
-          tokens, each suffix cycles between budget and budget + buffer (compacted every
-          buffer steps), so a request holds input + budget + buffer / 2 KV tokens on average;
-  stock   prompts of that many ids less 128, measured from its 8th output token on: over the
-          measurement its sequences grow by about 256 tokens, so the same batch holds about
-          the same total KV tokens (the pool's used tokens at both ends of the measurement
-          are recorded for both engines). Its outputs stop at --stock-output-len: SGLang
-          admits a request only if prompt + 0.7 x max_new_tokens fits the free pool, so
-          long outputs would hold the batch far below --running.
-Then, with every request running:
-  step time  over --measure-s: running x seconds / output tokens (one token per running
-             request per step; zipage's compaction steps included);
-  profile    SGLang's own profiler (the scheduler's torch.profiler, as POST /start_profile
-             runs it) over --profile-steps forward steps; the trace is summarised here:
-             GPU kernel time per step by kernel (and a few groups: attention, GEMM, zipage's
-             own kernels, the rest), GPU busy per step (union of kernel intervals), the
-             trace's wall time per step, and the CPU time per step of the Python functions
-             of sglang_zipage and of SGLang (each frame's self time charged to its nearest
-             sglang_zipage or sglang frame, so torch and Triton calls count for their caller),
-             and SGLang's scheduler step functions (outermost calls, inclusive).
-The raw trace stays in --trace-dir (large; not copied).
+For each engine in --engines: start it (bench_throughput.py's engine and flags), warm it up,
+then hold --running requests in decode at the same KV per request for both engines: zipage in
+fixed mode with prompts of --input-len ids, cycling between budget and budget + buffer once
+every request has generated budget + 2 buffers; stock with prompts that give about the same
+KV (the pool's used tokens at both ends of the measurement are recorded). Then:
+  step time  over --measure-s: running x seconds / output tokens
+  profile    SGLang's own profiler over --profile-steps forward steps, summarised: GPU kernel
+             time per step by kernel and group (attention, GEMM, zipage's kernels, the rest),
+             GPU busy per step, and the CPU time per step of sglang_zipage's and SGLang's
+             Python functions. The raw trace stays in --trace-dir.
 
-H200, Qwen3-8B shape, 266 running (the staggered proxy's zipage batch), budget 512 + 64:
+H200, Qwen3-8B shape, 266 running, budget 512 + 64:
   source benchmarks/device_env.sh && python3 benchmarks/step_profile.py --engines zipage,stock \\
       --attention-backend triton --disable-prefill-cuda-graph --zipage-kv-budget 512 \\
       --zipage-buffer 64 --commit SHA --out $OUT/step-triton.json

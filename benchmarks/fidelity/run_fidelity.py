@@ -1,50 +1,26 @@
 #!/usr/bin/env python3
 """Fidelity of Compressed PagedAttention in the SGLang integration (issue 8, part 2).
 
-What it measures
-  Teacher forcing: every text is cut into a prompt (its first --prompt-len tokens, never
-  compressed) and a reference continuation (the next --cont-len tokens). The engine decodes
-  the reference token by token, compressing as it goes, and records the log-probability it
-  gave each reference token before forcing it, and its top-1 token (forcing.py says how,
-  and why SGLang's own returned logprobs cannot be used). Each compressed run is compared
-  with the full-KV run of the same implementation over the steps after its first
-  compaction: NLL ratio (compressed / full) and top-1 agreement
-  (sglang_zipage/harness/fidelity/metrics.py).
-  Budgets: --budgets fractions of the continuation length (kv_budget = frac * cont_len
-  tokens per KV head), buffer --buffer, window --window.
-  Variants (cumulative): window = window attention only; +decay = plus the global score
-  (decay 0.8); +redundancy = plus R-KV redundancy ("full"); +pooling = plus max-pooling 5
-  on the first compaction. Controls with the same budget and protected window: random =
-  keep random tokens, recent = keep only the most recent tokens.
-  Implementations: "engine" = sglang_zipage.Engine (the integrated path: hooks, kernels,
-  attention backend), one process per configuration (engine_runner.py); "hf" = a plain
-  transformers decode loop with the same per-head top-k eviction (hf_reference.py,
-  selection.py in sglang_zipage/harness/fidelity/). The engine must lose nothing beyond what the algorithm loses: per variant,
-  engine nll_ratio - hf nll_ratio, with a paired bootstrap over texts.
-  Free running (engine): greedy generations from chat prompts, up to --free-max-new tokens,
-  with and without compression: length inflation and word 4-gram repetition rate.
-  The engine's controls use ZipageConfig.selection (zipage_selection = random | recent);
-  with an older sglang_zipage that lacks it they run in the HF reference only.
+Teacher forcing: every text is cut into a prompt (--prompt-len tokens, never compressed) and a
+reference continuation (--cont-len tokens) that the engine decodes token by token while it
+compresses, recording the log-probability and top-1 it gave each reference token
+(forcing.py). Each compressed run is compared with the full-KV run of the same implementation
+over the steps after its first compaction: NLL ratio and top-1 agreement, with block-bootstrap
+intervals (harness/fidelity/metrics.py). Budgets are --budgets fractions of --cont-len.
+Variants (cumulative): window, +decay, +redundancy, +pooling; controls random and recent.
+Implementations: "engine" (sglang_zipage.Engine, one process per configuration,
+engine_runner.py) and "hf" (a plain transformers loop with the same eviction,
+harness/fidelity/hf_reference.py); engine - hf per variant, paired bootstrap. Free running:
+greedy generations with and without compression (length inflation, 4-gram repetition).
 
-Presets
-  --preset subset  2 texts x 256 tokens, budget 25%, engine: window and +pooling, HF: all
-                   six; 2 free prompts x 256 tokens. CPU: about 10 minutes.
-  --preset cpu     4 texts x 512 tokens, budget 25%, engine and HF: all six variants (HF
-                   also at 12.5/50%); 4 free prompts x 384 tokens. CPU: about 80 minutes
-                   (--hf-budgets 0.25: about 65).
-  --preset full    12 texts x 1024 tokens, budgets 12.5/25/50%, every variant in both
-                   implementations; 12 free prompts x 1536 tokens.
-  Any preset value can be overridden (--n-texts, --cont-len, --budgets, ...).
+Presets: --preset subset (2 texts x 256, CPU ~10 min), cpu (4 x 512, CPU ~80 min), full
+(12 x 1024, every variant at 12.5/25/50%); any value can be overridden. --resume reuses the
+part files in --workdir.
 
-Commands
-  CPU preset (the committed fidelity-cpu.json):
-    .venv/bin/python benchmarks/fidelity/run_fidelity.py --preset cpu --hf-budgets 0.25 \
-        --out benchmarks/results/fidelity-cpu.json --png benchmarks/results/fidelity-cpu.png
-  Full set (the committed fidelity.json): benchmarks/fidelity/run_h200.sh runs this file's
-  engine and HF halves on two GPUs at once, then merges them with --resume.
-  --resume reuses the per-configuration part files in --workdir, so a run cut short (or
-  split over several calls) picks up where it stopped. Redraw the PNG from the JSON with
-  benchmarks/fidelity/plot_fidelity.py.
+  .venv/bin/python benchmarks/fidelity/run_fidelity.py --preset cpu --hf-budgets 0.25 \\
+      --out benchmarks/results/fidelity-cpu.json --png benchmarks/results/fidelity-cpu.png
+Full set: benchmarks/fidelity/run_h200.sh (engine and HF halves on two GPUs, then merged);
+plot_fidelity.py redraws the PNG. Method and results: benchmarks/fidelity/README.md.
 """
 
 from __future__ import annotations

@@ -13,6 +13,9 @@ summary and its CLI, and imports the rest from here by package name.
   record   what a result file records: command, git commit, versions, GPU; atomic JSON write
   merge    single-engine result files side by side (first-wave and steady-state)
   fidelity the fidelity benchmark's reference implementation, metrics and texts
+  docs_*   the docs' generated tables and figures (benchmarks/make_docs.py): throughput pairs
+           (docs_tables), GPU and CPU evidence (docs_evidence, docs_cpu), flags (docs_flags),
+           SVG figures (docs_figures), and which block goes in which page (docs_pages)
 
 Import-light on purpose: a benchmark that starts an Engine is re-imported by SGLang's
 spawned processes, so nothing here imports torch or sglang at module level.

@@ -7,7 +7,7 @@ Stock holds prompt + t. Zipage under pressure: its suffix (the output, plus the 
 it is compressed too) grows to budget + buffer, then cycles between budget and budget +
 buffer (mean budget + buffer / 2); a kept prompt stays beside it.
 
-Used by benchmarks/sizing_arithmetic.py (the README's numbers) and by a warm start's size
+Used by benchmarks/sizing_arithmetic.py (docs/results.md's sizing table) and by a warm start's size
 (warm_start.py: an engine's own long-run running count).
 """
 

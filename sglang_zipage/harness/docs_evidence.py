@@ -1,0 +1,193 @@
+"""The docs' GPU evidence tables beside throughput, printed from the committed result files:
+fidelity, kernels, model coverage, hot-path configurations, one decode step, and the sizing
+arithmetic. Each builder reads one file under ``benchmarks/results/`` and returns markdown;
+``benchmarks/make_docs.py`` puts it into a page (docs_cpu.py has the CPU runs'). Plain
+Python over JSON: no torch, no sglang.
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+from collections import OrderedDict
+from typing import Dict, List
+
+from sglang_zipage.harness.docs_tables import RESULTS, link, load_json, md_table, num, short_commit
+
+FIDELITY_VARIANTS = ("window", "+decay", "+redundancy", "+pooling", "random", "recent")
+
+
+def fidelity_table(root: str = ".", prefix: str = "") -> str:
+    """NLL ratio (compressed / full KV) of the integrated engine, budget x variant."""
+    res = load_json(root, "fidelity.json")
+    cells = {(r["budget_frac"], r["variant"]): r for r in res["results"] if r["impl"] == "engine"}
+    rows = []
+    for frac in sorted({f for f, _ in cells}):
+        tokens = next(r["budget_tokens"] for (f, _), r in cells.items() if f == frac)
+        rows.append([f"{100 * frac:g}% ({tokens} tokens)"]
+                    + [f"{cells[frac, v]['nll_ratio']:.4f}" if (frac, v) in cells else "-"
+                       for v in FIDELITY_VARIANTS])
+    header = ("budget", "window attention", "+ decay", "+ redundancy", "+ pooling",
+              "random (control)", "recent only (control)")
+    cfg = res["config"]
+    return (md_table(header, rows) + f"\n\n{cfg['n_texts']} texts x {cfg['cont_len']} "
+            f"teacher-forced tokens, {res['device']}, commit {short_commit(res['git_sha'])}: "
+            f"{link('fidelity.json', prefix)}.")
+
+
+def kernels_table(root: str = ".", prefix: str = "") -> str:
+    """The compaction pipeline per batch (milliseconds, CUDA events) and its bandwidth."""
+    res = load_json(root, "kernels-h200.json")
+    cols = (("window_scores_ms", "window scores"), ("global_scores_ms", "global_scores"),
+            ("select_topk_ms", "top-k"), ("in_place_order_ms", "in-place order"),
+            ("compact_kv_ms", "compact_kv"), ("total_ms", "whole pipeline"),
+            ("score_tokens_ms", "scoring"), ("score_tokens_full_ms", "scoring, full redundancy"),
+            ("score_tokens_lightning_ms", "scoring, lightning redundancy"))
+    rows = [[p["batch"]] + [f"{p[k]:.2f}" for k, _ in cols]
+            + [f"{p['score_tokens_full_ms'] / p['score_tokens_ms']:.1f}x"] for p in res["pipeline"]]
+    cfg = res["config"]
+    return (md_table(("requests",) + tuple(c for _, c in cols) + ("full / none",), rows)
+            + f"\n\nms per call; {cfg['layers']} layers, {cfg['hq']} query and {cfg['hkv']} KV "
+            f"heads, head_dim {cfg['d']}, {cfg['s']} -> {cfg['k']} tokens per request. "
+            f"compact_kv moves {res['compaction_GBps'] / 1000:.2f} TB/s, "
+            f"{res['compaction_vs_copy']:.2f}x a device-to-device copy "
+            f"({res['copy_GBps'] / 1000:.2f} TB/s); the query window's write takes "
+            f"{res['qwindow_write_us_per_step']:.0f} us a decode step. {res['gpu']}, commit "
+            f"{short_commit(res['commit'])}: {link('kernels-h200.json', prefix)}.")
+
+
+COVERAGE_COLUMNS = (("bfloat16", "triton", 1), ("fp8_e4m3", "triton", 1),
+                    ("bfloat16", "flashinfer", 1), ("bfloat16", "triton", 16))
+
+
+def coverage_table(root: str = ".", prefix: str = "") -> str:
+    """Model family x (KV dtype, backend, page size): pass or refused, on one H200."""
+    res = load_json(root, "coverage-h200.json")
+    families: Dict[str, List[Dict]] = OrderedDict()
+    for row in sorted(res["rows"], key=lambda r: r["family"]):
+        families.setdefault(row["family"], []).append(row)
+    rows = []
+    for family, runs in families.items():
+        cells, more = {}, []
+        for r in runs:
+            key = (r["kv_dtype"], r["attention_backend"], r["page_size"])
+            if key in COVERAGE_COLUMNS and key not in cells:
+                cells[key] = r["status"]
+            else:
+                more.append(f"{r['kv_dtype']} {r['attention_backend']} p{r['page_size']}: "
+                            f"{r['status']}")
+        rows.append([family] + [cells.get(k, "") for k in COVERAGE_COLUMNS]
+                    + ["; ".join(more) or "", ", ".join(sorted({short_commit(r["commit"])
+                                                                for r in runs}))])
+    header = ("family",) + tuple(f"{d} {b} p{p}" for d, b, p in COVERAGE_COLUMNS) + (
+        "other rows", "commits")
+    s = res["summary"]
+    return (md_table(header, rows) + f"\n\n**{s['pass']} pass, {s['refused']} refused by "
+            f"design, {s['fail']} fail** ({res['gpu']}): {link('coverage-h200.json', prefix)}.")
+
+
+def coverage_summary(root: str = ".", prefix: str = "") -> str:
+    """One line per family for the README: how many rows pass, and what was refused."""
+    res = load_json(root, "coverage-h200.json")
+    families: Dict[str, List[Dict]] = OrderedDict()
+    for row in sorted(res["rows"], key=lambda r: r["family"]):
+        families.setdefault(row["family"], []).append(row)
+    rows = []
+    for family, runs in families.items():
+        passed = sum(r["status"] == "pass" for r in runs)
+        refused = [f"{r['attention_backend']} p{r['page_size']}" for r in runs
+                   if r["status"] == "refused"]
+        rows.append((family, f"{passed} of {len(runs)}",
+                     "every row (the model)" if len(refused) == len(runs)
+                     else ", ".join(sorted(set(refused))) or "-"))
+    s = res["summary"]
+    return (md_table(("family (dummy weights, public config)", "rows that pass",
+                      "refused by design"), rows)
+            + f"\n\nIn all {s['pass']} pass, {s['refused']} refused by design, {s['fail']} fail: "
+            f"{link('coverage-h200.json', prefix)}.")
+
+
+def composability_table(root: str = ".", prefix: str = "") -> str:
+    res = load_json(root, "composability-h200.json")
+    rows = []
+    for c in res["configs"] + res["configs_other"]:
+        commit = c["command"].split("--commit ")[-1].split()[0] if "--commit" in c["command"] else ""
+        rows.append((c["config"], num(c["mean_running_reqs"]), num(c["output_tok_s"]),
+                     num(c["p50_tpot_ms"], 2), f"{100 * c['compaction_share']:.2f}%",
+                     short_commit(commit)))
+    return (md_table(("configuration", "running", "zipage tok/s", "TPOT p50 ms",
+                      "compaction GPU share", "commit"), rows)
+            + f"\n\nQwen3-1.7B shape, {res['gpu']}: {link('composability-h200.json', prefix)}.")
+
+
+def step_profile_table(root: str = ".", prefix: str = "") -> str:
+    res = load_json(root, "step-profile-h200.json")
+    rows = [(name, f"{s['step_ms']:.2f}", f"{s['gpu_busy_ms_per_step']:.2f}",
+             f"{s['attention']:.2f}", f"{s['gemm']:.2f}", f"{s['other']:.2f}")
+            for name, s in res["summary"].items()]
+    return (md_table(("backend, engine", "step ms", "GPU busy ms", "attention ms", "GEMM ms",
+                      "other ms"), rows)
+            + f"\n\n{res['gpu']}, commit {short_commit(res['commit'])}: "
+            f"{link('step-profile-h200.json', prefix)}.")
+
+
+SIZING_ROWS = (("kept", "at the budget, prompt kept"),
+               ("compressed", "at the budget, prompt compressed"),
+               ("kept_floor", "squeezed to the floor, prompt kept"),
+               ("compressed_floor", "squeezed to the floor, prompt compressed"))
+
+
+def sizing_table(root: str = ".", prefix: str = "") -> str:
+    """Arithmetic, not a measurement: what a running request holds in a long run, and the
+    running requests and tok/s ratio that gives (sizing_arithmetic.py)."""
+    res = load_json(root, "sizing-arithmetic.json")
+    rows = []
+    for length, r in res["rows"].items():
+        rows.append((f"{int(length) // 1024}k", "stock", num(r["stock_tokens"]), "-", "-", "-"))
+        for key, what in SIZING_ROWS:
+            z, p = r[key], r[key]["predicted"]
+            rows.append((f"{int(length) // 1024}k", what, num(z["tokens"]),
+                         f"{z['running_vs_stock']:.2f}x", num(p["running"]),
+                         f"{p['tok_s_vs_stock']:.2f}x"))
+    line, st = res["step_line"], res["settings"]
+    return (md_table(("outputs (uniform in [L/2, L])", "zipage", "tokens a request holds",
+                      "running vs stock", "predicted running", "predicted tok/s vs stock"), rows)
+            + f"\n\nBudget {st['budget']} + {st['buffer']}, floor {st['floor']}, prompts "
+            f"uniform in [{st['prompt'] // 2}, {st['prompt']}]; a pool of {num(st['pool'])} "
+            f"tokens at {100 * st['pool_use']:.0f}% use (stock: {num(st['stock_pool'])} at "
+            f"{100 * st['stock_pool_use']:.0f}%). A step at a full pool: {line['a_ms']} ms + "
+            f"{line['b_ms_per_request']} ms a running request (a line through the long-run "
+            f"rows, largest residual {line['largest_residual_ms']} ms). "
+            f"{link('sizing-arithmetic.json', prefix)}.")
+
+
+def _commands(res: Dict) -> List[str]:
+    """The commands a result file records, in its own order, each once."""
+    found: List[str] = []
+    for m in res.get("merged_from") or []:
+        found.append((f"# {m['engine']}\n" if m.get("engine") else "") + m["command"])
+    if isinstance(res.get("command"), str) and res["command"] != "per load (loads[].command)":
+        found.append(res["command"])
+    for key in ("runs", "rows"):  # lists of runs (dicts of runs hold their own commands)
+        runs = res.get(key) if isinstance(res.get(key), list) else []
+        found += [r["command"] for r in runs
+                  if isinstance(r, dict) and isinstance(r.get("command"), str)]
+    if res.get("device_command"):
+        found.append("# device calls: " + res["device_command"])
+    return list(dict.fromkeys(found))
+
+
+def commands_list(root: str = ".", prefix: str = "") -> str:
+    """Every result file with the commands it records (fenced), for docs/benchmarks.md."""
+    out = []
+    for path in sorted(glob.glob(os.path.join(root, RESULTS, "*.json"))):
+        name = os.path.basename(path)
+        if name.endswith("_raw.json"):
+            continue
+        commands = _commands(load_json(root, name))
+        out.append(f"- {link(name, prefix)}" + (":" if commands else ": the commands are in "
+                                                 "its notes"))
+        if commands:
+            out += ["", "  ```"] + [f"  {line}" for c in commands for line in c.splitlines()]
+            out += ["  ```", ""]
+    return "\n".join(out)
