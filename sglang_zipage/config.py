@@ -97,9 +97,11 @@ class ZipageConfig:
         "loop that eviction started keeps more of its own KV. Counted as zipage_loop_guard.",
         flag="--zipage-no-loop-guard", invert=True, on_text="guard on"))
     memory_fraction: float = field(default=0.03, metadata=_flag(
-        "Most of the KV pool's memory zipage's GPU buffers (global scores and the query window) "
-        "may take; the pool shrinks by what they take. Where it cannot hold the global scores "
-        "and one query-window slot, startup is refused with the share that would."))
+        "Most of the memory SGLang could give the KV pool (capped by --max-total-tokens or not) "
+        "that zipage's GPU buffers (global scores and the query window) may take; an uncapped "
+        "pool shrinks by what they take, a capped one keeps its tokens where the memory beside "
+        "it holds them. Where it cannot hold the global scores and one query-window slot, "
+        "startup is refused (exit code 1) with the share that would."))
     sink: int = field(default=0, metadata=_flag(
         "Leading tokens of the compressible suffix that are always kept (the prompt is not "
         "compressed unless --zipage-compress-prompt, so its own sink tokens are kept)."))

@@ -2,7 +2,9 @@
 
 Same constructor arguments as ``sglang.Engine`` plus the zipage options, either as a
 ``zipage=ZipageConfig(...)`` object or as ``zipage_<field>=...`` keywords
-(``zipage_kv_budget=512``, ``zipage_enabled=False``). Defaults as in the launcher.
+(``zipage_kv_budget=512``, ``zipage_enabled=False``). Defaults as in the launcher. A start
+zipage refuses raises ValueError before anything starts (``checked``), or memory.NoRoom with
+the message once the scheduler has profiled the memory.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """The hook bodies of the process that runs SGLang's tokenizer manager (the HTTP server or
-an Engine): per-request options in (request_options.py), zipage's meta_info out (the table
-is in hooks.py).
+an Engine): per-request options in (request_options.py), zipage's meta_info out, and a
+scheduler's refusal to start (proc.Refused) raised here; the table is in hooks.py.
 """
 
 from __future__ import annotations
@@ -81,3 +81,28 @@ def keep_openai_extra_fields() -> None:
         if model.model_config.get("extra") != "allow":
             model.model_config["extra"] = "allow"
             model.model_rebuild(force=True)
+
+
+def scheduler_refusals(original, readers, procs, *args, **kwargs):
+    """A scheduler that refused to start (proc.Refused) sent why on its init pipe: raise that
+    here, as memory.NoRoom, where SGLang would raise "Initialization failed"."""
+    return original([_RefusalPipe(r) for r in readers], procs, *args, **kwargs)
+
+
+class _RefusalPipe:
+    """A scheduler's init pipe, as _wait_for_scheduler_ready reads it (poll, recv)."""
+
+    def __init__(self, pipe):
+        self.pipe = pipe
+
+    def poll(self, timeout=None):
+        return self.pipe.poll(timeout)
+
+    def recv(self):
+        from sglang_zipage.memory import NoRoom
+        from sglang_zipage.proc import REFUSED
+
+        data = self.pipe.recv()
+        if isinstance(data, dict) and data.get("status") == REFUSED:
+            raise NoRoom(data["message"])
+        return data

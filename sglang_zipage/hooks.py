@@ -10,7 +10,8 @@ target and carries on.
 
 The integration layer, where ``sglang.srt`` is imported: this module, scheduler_hooks.py and
 frontend.py (the hooks), model_support.model_facts (SGLang's own ModelConfig, before any
-weight loads), engine.py, launch_server.py, proc.py (SGLang's entry points) and forcing.py
+weight loads), server_args.device_memory_bytes (SGLang's reading of the device's memory),
+engine.py, launch_server.py, proc.py (SGLang's entry points) and forcing.py
 (a custom logit processor). Everything else duck-types SGLang objects.
 """
 
@@ -105,6 +106,8 @@ def _frontend_hook_table():
          fe.openai_extra_budget, "OpenAI extra_body zipage options (L984)"),
         ("entrypoints.openai.serving_completions.OpenAIServingCompletion._build_sampling_params",
          T.AFTER, fe.openai_completion_budget, "the same for /v1/completions (L141)"),
+        ("entrypoints.engine._wait_for_scheduler_ready", T.AROUND, fe.scheduler_refusals,
+         "a scheduler that cannot fit zipage's buffers says why on its init pipe (L1688)"),
     ]
 
 

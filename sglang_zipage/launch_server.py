@@ -1,7 +1,10 @@
 """``python -m sglang_zipage.launch_server``: SGLang's server with Compressed PagedAttention.
 
 Takes every ``sglang.launch_server`` flag unchanged plus the ``--zipage-*`` flags. Spawned
-SGLang children re-import this module, so its top level imports nothing heavy.
+SGLang children re-import this module, so its top level imports nothing heavy. A start zipage
+refuses exits with code 1 and the message, no traceback: before any SGLang process starts
+where the flags and the model's config tell (``prepare``), else once the scheduler has
+profiled the memory (memory.NoRoom, sent back by proc.Refused).
 """
 
 from __future__ import annotations
@@ -97,9 +100,12 @@ def main(argv: Optional[List[str]] = None) -> None:
     from sglang.srt.entrypoints.http_server import launch_server
     from sglang.srt.utils import kill_process_tree
 
+    from sglang_zipage.memory import NoRoom
     from sglang_zipage.proc import run_scheduler_process
     try:
         launch_server(server_args, run_scheduler_process_func=run_scheduler_process)
+    except NoRoom as e:  # known once the scheduler profiled the memory (proc.Refused)
+        sys.exit(f"{PROG}: error: {e}")
     finally:
         kill_process_tree(os.getpid(), include_parent=False)
 

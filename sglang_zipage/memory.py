@@ -1,4 +1,4 @@
-"""Zipage's GPU memory: sized inside the KV pool's share, never on top of it.
+"""Zipage's GPU memory: a share of what SGLang could give the KV pool, never on top of it.
 
 Zipage keeps two buffers on the device beside SGLang's KV pool:
   global scores   [layers, pool slots + page, kv heads] fp32: a fixed cost per pool token,
@@ -6,17 +6,28 @@ Zipage keeps two buffers on the device beside SGLang's KV pool:
   query window    [layers, slots + 1, W, query heads, query width]: the last W decode queries
                   of the requests near a compaction (query_window.py); a cost per window slot,
                   plus its table of each request row's slot (int64 per req_pool_idx)
-SGLang sizes the pool from the memory it is given; the pool then gives zipage its bytes:
-it shrinks by exactly what zipage keeps, so nothing is allocated outside that memory.
+SGLang profiles the memory it could give the pool (available_bytes) and sizes the pool from
+it, capped by the user's --max-total-tokens. Zipage's share is taken from that memory, capped
+pool or not: an uncapped pool shrinks by exactly what zipage keeps; a capped pool keeps its
+tokens where the memory its cap left free holds zipage's bytes. Nothing is allocated outside
+that memory.
 
 Sizing rule (plain ints; ``plan``):
-  M1  zipage's bytes <= share * the bytes SGLang's pool would have had (--zipage-memory-fraction)
+  M1  zipage's bytes <= share * the memory SGLang could give the pool (--zipage-memory-fraction
+      of available_bytes, before --max-total-tokens)
   M2  window slots <= what can be in flight: SGLang's max_running_requests, and the requests the
-      pool can hold past the point where they take a slot (pool / (limit - W) + 1)
-  M3  pool tokens + zipage's bytes / cell <= the memory SGLang sized the pool from; a pool the
-      user capped (--max-total-tokens) keeps its tokens when that memory has room beside it
+      pool can hold past the point where they take a slot (pool / (limit - W) + 1); a capped
+      pool takes no slots it cannot use
+  M3  pool tokens + zipage's bytes / cell <= that memory: the pool shrinks only where the
+      memory beside it cannot hold zipage's bytes
   M4  a plan that cannot hold the global scores and one window slot is refused (``NoRoom``),
       naming the bytes and the flags that change them
+  M5  a plan M4 refuses with all of the device's memory is refused with any less: the share
+      minus the scores of the pool SGLang sizes from the memory (share * m - score bytes per
+      token * min(cap, m / cell)) is convex in m, so on [0, device] it is largest at an end,
+      and at m = 0 it is 0, too little for the table and a slot. ``plan_before_start``
+      refuses such a plan before anything starts (up to a page's scores: SGLang rounds the
+      pool down to whole pages)
 A request that finds no free slot when it reaches its limit is compacted without a window
 (the most recent tokens kept, ``windowless_compactions``): it never outgrows its limit.
 Imports nothing from sglang or torch.
@@ -29,6 +40,7 @@ from dataclasses import asdict, dataclass
 
 MIB = 1 << 20
 SCORE_BYTES = 4  # global scores are fp32
+SHARE_BASE = "SGLang could give the KV pool"  # M1's base, in the report and the messages
 
 
 class NoRoom(RuntimeError):
@@ -67,7 +79,8 @@ class BufferShapes:
 @dataclass(frozen=True)
 class MemoryPlan:
     pool_tokens: int  # zipage's KV pool
-    stock_pool_tokens: int  # the pool SGLang sized before zipage took its bytes
+    stock_pool_tokens: int  # the pool SGLang sized (after --max-total-tokens)
+    available_bytes: int  # what SGLang could give the pool: M1's base
     cell_bytes: int  # KV bytes per pool token
     window_slots: int
     slot_bytes: int
@@ -89,18 +102,31 @@ class MemoryPlan:
     def stock_kv_pool_bytes(self) -> int:
         return self.stock_pool_tokens * self.cell_bytes
 
+    @property
+    def taken_from_pool_bytes(self) -> int:
+        """What the pool gave up (M3); the rest of zipage's bytes sit beside a capped pool."""
+        return (self.stock_pool_tokens - self.pool_tokens) * self.cell_bytes
+
     def describe(self) -> dict:
-        return {**asdict(self), "zipage_bytes": self.zipage_bytes,
-                "kv_pool_bytes": self.kv_pool_bytes, "stock_kv_pool_bytes": self.stock_kv_pool_bytes,
-                "share_of_stock_pool": round(self.zipage_bytes / max(1, self.stock_kv_pool_bytes), 5)}
+        return {**asdict(self), "share_taken_from": SHARE_BASE,
+                "zipage_bytes": self.zipage_bytes, "kv_pool_bytes": self.kv_pool_bytes,
+                "stock_kv_pool_bytes": self.stock_kv_pool_bytes,
+                "taken_from_pool_bytes": self.taken_from_pool_bytes,
+                "share_of_available": round(self.zipage_bytes / max(1, self.available_bytes), 5)}
 
     def log_line(self) -> str:
-        return (f"zipage memory: {self.zipage_bytes / MIB:.1f} MiB taken from the KV pool "
-                f"({self.stock_pool_tokens} -> {self.pool_tokens} tokens): global scores "
-                f"{self.score_bytes / MIB:.1f} MiB, query window {self.window_slots} slots x "
-                f"{self.slot_bytes / MIB:.2f} MiB ({self.slots_wanted} could be in flight); "
-                f"{100 * self.zipage_bytes / max(1, self.stock_kv_pool_bytes):.2f}% of the pool, "
-                f"cap {100 * self.share:g}% (--zipage-memory-fraction)")
+        if self.pool_tokens == self.stock_pool_tokens:
+            pool = (f"the KV pool keeps its {self.pool_tokens} tokens (the memory beside it "
+                    f"holds zipage's bytes)")
+        else:
+            pool = (f"the KV pool gives {self.taken_from_pool_bytes / MIB:.1f} MiB "
+                    f"({self.stock_pool_tokens} -> {self.pool_tokens} tokens)")
+        return (f"zipage memory: {self.zipage_bytes / MIB:.1f} MiB, "
+                f"{100 * self.zipage_bytes / max(1, self.available_bytes):.2f}% of the "
+                f"{self.available_bytes / MIB:.1f} MiB {SHARE_BASE} (cap {100 * self.share:g}%, "
+                f"--zipage-memory-fraction): global scores {self.score_bytes / MIB:.1f} MiB, "
+                f"query window {self.window_slots} slots x {self.slot_bytes / MIB:.2f} MiB "
+                f"({self.slots_wanted} could be in flight); {pool}")
 
 
 def slots_wanted(pool_tokens: int, max_running: int, limit: int, window: int) -> int:
@@ -111,13 +137,14 @@ def slots_wanted(pool_tokens: int, max_running: int, limit: int, window: int) ->
 
 def plan(shapes: BufferShapes, *, stock_pool_tokens: int, cell_bytes: int, available_bytes: int,
          max_running: int, limit: int, window: int, page: int, share: float,
-         model: str = "this model") -> MemoryPlan:
+         model: str = "this model", base: str = SHARE_BASE) -> MemoryPlan:
     """Size zipage's buffers and the pool that remains (M1-M4).
 
     stock_pool_tokens: the pool SGLang sized (after --max-total-tokens); cell_bytes: its KV
-    bytes per token; available_bytes: the memory it sized the pool from (M3)."""
-    stock_bytes = stock_pool_tokens * cell_bytes
-    cap = int(share * stock_bytes)
+    bytes per token; available_bytes: the memory it could give the pool, the share's base
+    (M1) and the bound of pool and buffers together (M3). base: what available_bytes is, for
+    NoRoom's message."""
+    cap = int(share * available_bytes)
     slot = shapes.slot_bytes(window)
     scores = shapes.score_bytes(stock_pool_tokens, page)
     table = shapes.table_bytes(max_running)
@@ -125,42 +152,60 @@ def plan(shapes: BufferShapes, *, stock_pool_tokens: int, cell_bytes: int, avail
     fixed = scores + table
     fit = (cap - fixed) // slot - 1 if cap > fixed else -1  # the ring's dump row counts
     if fit < 1:
-        raise NoRoom(_no_room(model, shapes, scores, table, slot, stock_bytes, share, window))
+        raise NoRoom(_no_room(model, shapes, scores, table, slot, available_bytes, share,
+                              window, stock_pool_tokens, base))
     slots = min(wanted, fit)
     total = fixed + shapes.window_bytes(slots, window)
     room = max(0, available_bytes - total) // cell_bytes  # M3
     pool = min(stock_pool_tokens, room) // page * page
-    return MemoryPlan(pool_tokens=pool, stock_pool_tokens=stock_pool_tokens, cell_bytes=cell_bytes,
+    return MemoryPlan(pool_tokens=pool, stock_pool_tokens=stock_pool_tokens,
+                      available_bytes=available_bytes, cell_bytes=cell_bytes,
                       window_slots=slots, slot_bytes=slot,
                       score_bytes=shapes.score_bytes(pool, page),
                       window_bytes=shapes.window_bytes(slots, window), table_bytes=table,
-                      share=share,
-                      slots_wanted=wanted)
+                      share=share, slots_wanted=wanted)
 
 
-def share_needed(scores: int, slot: int, stock_bytes: int) -> float:
+def plan_before_start(shapes: BufferShapes, *, cell_bytes: int, device_bytes: int,
+                      max_total_tokens, limit: int, window: int, page: int, share: float,
+                      model: str = "this model") -> MemoryPlan:
+    """M5: the plan with all of the device's memory (device_bytes, more than SGLang can ever
+    give the pool) and the pool SGLang would size from it, capped at --max-total-tokens
+    (None: no cap), with the least slot table (one request: SGLang resolves its cap later).
+    Raises NoRoom where no start on this device could fit zipage's buffers."""
+    stock = device_bytes // cell_bytes
+    if max_total_tokens:
+        stock = min(stock, max_total_tokens)
+    return plan(shapes, stock_pool_tokens=stock // page * page, cell_bytes=cell_bytes,
+                available_bytes=device_bytes, max_running=1, limit=limit,
+                window=window, page=page, share=share, model=model,
+                base="this device has, more than SGLang can give the KV pool")
+
+
+def share_needed(scores: int, slot: int, available_bytes: int) -> float:
     """The smallest --zipage-memory-fraction that holds the scores and one slot (M4)."""
-    return (scores + 2 * slot) / max(1, stock_bytes)
+    return (scores + 2 * slot) / max(1, available_bytes)
 
 
-def _no_room(model, shapes, scores, table, slot, stock_bytes, share, window) -> str:
-    need = share_needed(scores + table, slot, stock_bytes)
+def _no_room(model, shapes, scores, table, slot, available, share, window, pool, base) -> str:
+    need = share_needed(scores + table, slot, available)
     ways = [f"raise --zipage-memory-fraction to {_round_up(need)} or more",
             f"lower --zipage-window (now {window})"]
     if scores:
         ways.append(f"pass --zipage-decay 0 (drops the global scores, {scores / MIB:.1f} MiB)")
     return (f"sglang-zipage cannot fit its buffers for {model} in --zipage-memory-fraction "
-            f"{share:g} of its {stock_bytes / MIB:.1f} MiB KV pool ({share * stock_bytes / MIB:.1f} "
-            f"MiB): global scores take {scores / MIB:.1f} MiB, the slot table {table / MIB:.2f} "
-            f"MiB and one query-window slot {slot / MIB:.2f} MiB ({shapes.scored_layers} layers x "
-            f"W {window} x {shapes.query_heads} query heads x {shapes.query_width}); "
-            + ", ".join(ways) + ", or --zipage-disable")
+            f"{share:g} ({share * available / MIB:.1f} MiB) of the {available / MIB:.1f} MiB "
+            f"{base}: global scores take {scores / MIB:.1f} MiB ({pool} pool tokens), the slot "
+            f"table {table / MIB:.2f} MiB and one query-window slot {slot / MIB:.2f} MiB "
+            f"({shapes.scored_layers} layers x W {window} x {shapes.query_heads} query heads x "
+            f"{shapes.query_width}); " + ", ".join(ways) + ", or --zipage-disable")
 
 
 def score_share(kv_row_bytes: int) -> float:
     """Global scores as a share of a pool whose every layer is scored: one fp32 score per
     (layer, KV head) for a KV row of kv_row_bytes (K and V, or MLA's latent row). The
-    launcher's check before any weight loads: the part of M4 that needs no pool size."""
+    launcher's check before any weight loads, where the user did not cap the pool: then the
+    pool is all the memory M1 takes the share of, and this part of M4 needs no size."""
     return SCORE_BYTES / kv_row_bytes
 
 

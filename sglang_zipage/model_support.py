@@ -59,8 +59,11 @@ def refusals(facts: dict, config: ZipageConfig, server_args) -> List[str]:
 
 def _memory_refusals(facts: dict, config: ZipageConfig, server_args) -> List[str]:
     """memory.py M4, the part known from the config: global scores beyond the share. Only
-    where every layer is scored (a sliding-window layer's KV has no scores: less share)."""
-    if config.decay == 0 or facts["sliding_window"] or facts["hybrid_swa"]:
+    where every layer is scored (a sliding-window layer's KV has no scores: less share), and
+    where the user did not cap the pool (--max-total-tokens: the memory beside it may hold
+    them; server_args.memory_refusals checks that against the device's memory)."""
+    if (config.decay == 0 or facts["sliding_window"] or facts["hybrid_swa"]
+            or server_args.max_total_tokens):
         return []
     kv_bytes = 1 if str(server_args.kv_cache_dtype).startswith("fp8") else facts["dtype_bytes"]
     row = facts["kv_row_elements"] * kv_bytes
@@ -105,4 +108,7 @@ def model_facts(model_path: str, *, trust_remote_code: bool = False, revision=No
                             if mc.attention_arch == AttentionArch.MLA
                             else (mc.head_dim or 0) + (mc.v_head_dim or mc.head_dim or 0)),
         "dtype_bytes": mc.dtype.itemsize,
+        # the model's attention shape, for the launcher's memory plan (server_args.py)
+        "layers": mc.num_attention_layers, "kv_heads": mc.get_total_num_kv_heads(),
+        "query_heads": mc.num_attention_heads, "head_dim": mc.head_dim or 0,
     }

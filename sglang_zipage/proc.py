@@ -9,6 +9,17 @@ is imported in the child before anything else of ours: keep its top level light.
 
 from __future__ import annotations
 
+REFUSED = "zipage_refused"  # the status of a refusing scheduler's message on its init pipe
+
+
+class Refused(SystemExit):
+    """This scheduler cannot start with zipage, for a reason known only once SGLang has
+    profiled the memory (memory.NoRoom); the code is the message. A SystemExit, so SGLang's
+    run_scheduler_process lets it through (its ``except Exception`` logs a traceback and
+    sends SIGQUIT, on which the parent SIGKILLs its own process tree). Under
+    ``run_scheduler_process`` below the parent raises the message (frontend.py); elsewhere
+    (``sglang serve``) the child exits 1 with it."""
+
 
 def run_scheduler_process(server_args, *args, **kwargs):
     from sglang_zipage import hooks
@@ -18,7 +29,25 @@ def run_scheduler_process(server_args, *args, **kwargs):
                   page_size=server_args.page_size or 1)
     from sglang.srt.managers.scheduler import run_scheduler_process as _run
 
-    return _run(server_args, *args, **kwargs)
+    try:
+        return _run(server_args, *args, **kwargs)
+    except Refused as e:
+        _send_refusal(_run, (server_args, *args), kwargs, e.code)
+
+
+def _send_refusal(run, args, kwargs, message: str) -> None:
+    """Say why on the pipe the parent waits on for this scheduler's init info (where SGLang
+    sends {"status": "ready", ...}), then end this process: a half-built scheduler may hold
+    threads and sockets that a normal exit would wait on."""
+    import inspect
+    import os
+    import sys
+
+    pipe = inspect.signature(run).bind(*args, **kwargs).arguments["pipe_writer"]
+    pipe.send({"status": REFUSED, "message": message})
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(1)
 
 
 def plugin() -> None:

@@ -6,10 +6,6 @@ back. ``RUNTIME`` is this process's runtime, once hooks.install made it.
 
 from __future__ import annotations
 
-import logging
-
-logger = logging.getLogger("sglang_zipage")
-
 RUNTIME = None  # the ZipageRuntime of this process, once installed with zipage enabled
 
 
@@ -18,13 +14,15 @@ def after_alloc_memory_pool(result, model_runner, *args, **kwargs):
 
 
 def remember_kv_memory(result, kvc, *args, **kwargs):
-    RUNTIME.kv_memory_bytes = result  # what SGLang sizes the pool from (memory.py M3)
+    RUNTIME.kv_memory_bytes = result  # what SGLang could give the pool (memory.py M1, M3)
     return result
 
 
 def pool_makes_room(original, kvc, *args, **kwargs):
-    """SGLang sized the pool; zipage's buffers come out of it (memory.py), and SGLang's own
-    configurator re-sizes the pool (and its request cap) for the tokens that remain."""
+    """SGLang sized the pool; zipage's buffers take their share of the memory SGLang could
+    give it (memory.py), and where the pool must make room SGLang's own configurator re-sizes
+    it (and its request cap) for the tokens that remain. A share that cannot hold them refuses
+    the start (proc.Refused: the launcher or Engine says why, no traceback)."""
     config = original(kvc, *args, **kwargs)
     if kvc.is_draft_worker:
         return config
@@ -46,8 +44,9 @@ def pool_makes_room(original, kvc, *args, **kwargs):
             available_bytes=getattr(RUNTIME, "kv_memory_bytes", None) or stock * cell,
             max_running=config.max_running_requests, page=page, model=arch)
     except memory.NoRoom as e:
-        logger.error("%s", e)  # the line to read above SGLang's traceback
-        raise
+        from sglang_zipage.proc import Refused
+
+        raise Refused(str(e)) from None
     if plan.pool_tokens == stock:
         return config
     new = configurator.calculate_pool_sizes_from_max_tokens(plan.pool_tokens, page)

@@ -16,7 +16,7 @@ With --zipage-disable only the CPU and model defaults apply: stock SGLang behavi
 from __future__ import annotations
 
 import os
-from typing import Dict, List
+from typing import Dict, List, Optional
 
 from sglang_zipage.config import ZipageConfig
 
@@ -98,7 +98,8 @@ def incompatibilities(server_args, config: ZipageConfig, invalid=()) -> List[str
 
 def model_refusals(server_args, config: ZipageConfig) -> List[str]:
     """What the model itself rules out (model_support.py), read from its config before
-    any weight loads. A config SGLang cannot read is left for SGLang to report."""
+    any weight loads, then a memory plan no start on this device could fit. A config SGLang
+    cannot read is left for SGLang to report."""
     from sglang_zipage import model_support
 
     a = server_args
@@ -109,4 +110,51 @@ def model_refusals(server_args, config: ZipageConfig) -> List[str]:
                                   disable_hybrid_swa_memory=a.disable_hybrid_swa_memory)
     except Exception:  # noqa: BLE001 - SGLang's own startup names the problem
         return []
-    return model_support.refusals(facts, config, server_args)
+    return (model_support.refusals(facts, config, server_args)
+            or memory_refusals(facts, config, server_args))
+
+
+def memory_refusals(facts: dict, config: ZipageConfig, server_args) -> List[str]:
+    """memory.py M5 before anything starts: the plan with all of the device's memory, for a
+    model whose every attention layer is scored and whose query rows are its heads (MHA/GQA,
+    no sliding window). The shapes are the scheduler's (kv_layout.buffer_shapes), read from
+    the config with SGLang's rules (heads split over --tp-size; KV heads at least one per
+    rank); the pool's bytes per token as SGLang's configurator counts them. Everything else
+    (MLA, sliding windows) the scheduler plans once the model is built (proc.Refused)."""
+    from sglang_zipage import memory
+
+    a = server_args
+    if facts["mla"] or facts["sliding_window"] or facts["hybrid_swa"] or not facts["head_dim"]:
+        return []
+    device = device_memory_bytes(a.device)
+    if device is None:
+        return []
+    kv_heads = max(1, facts["kv_heads"] // a.tp_size)
+    shapes = memory.BufferShapes(
+        scored_layers=facts["layers"], kv_heads=kv_heads,
+        query_heads=max(1, facts["query_heads"] // a.tp_size), query_width=facts["head_dim"],
+        query_bytes=facts["dtype_bytes"], global_scores=config.decay > 0)
+    kv_bytes = 1 if str(a.kv_cache_dtype).startswith("fp8") else facts["dtype_bytes"]
+    try:
+        memory.plan_before_start(
+            shapes, cell_bytes=facts["layers"] * kv_heads * facts["kv_row_elements"] * kv_bytes,
+            device_bytes=device, max_total_tokens=a.max_total_tokens,
+            limit=config.kv_budget + config.buffer,
+            window=config.window, page=a.page_size or 1, share=config.memory_fraction,
+            model=facts["architecture"])
+    except memory.NoRoom as e:
+        return [str(e)]
+    return []
+
+
+def device_memory_bytes(device: str) -> Optional[int]:
+    """All of one device's memory as SGLang reads it without touching the device
+    (nvidia-smi; on a CPU, the RAM of one NUMA node, of which SGLang's CPU path sizes the
+    pool), None where unknown: more than SGLang can ever give the KV pool."""
+    from sglang.srt.utils.common import get_cpu_memory_capacity, get_device_memory_capacity
+
+    try:
+        mib = get_cpu_memory_capacity() if device == "cpu" else get_device_memory_capacity(device)
+    except Exception:  # noqa: BLE001 - unknown: the scheduler plans with what it profiles
+        return None
+    return int(mib * (1 << 20)) if mib else None

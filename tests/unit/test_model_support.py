@@ -40,7 +40,8 @@ REFUSED = {
 
 def args(**kw):
     """The ServerArgs fields model_support reads."""
-    base = dict(kv_cache_dtype="auto", attention_backend="triton", decode_attention_backend=None)
+    base = dict(kv_cache_dtype="auto", attention_backend="triton", decode_attention_backend=None,
+                max_total_tokens=None)
     return SimpleNamespace(**{**base, **kw})
 
 
