@@ -15,7 +15,7 @@ change, every rank agreeing on every compaction, is what the test checks.
 - sglang-router (PyPI ``sglang-router``, cache-aware policy) in front of two zipage servers
   on the bundled model: two multi-turn agents; each later turn lands on the replica that
   holds its conversation, so its cached prompt tokens are those a single server gives (the
-  bound of test_agent_multiturn.py), and both replicas compress.
+  bound of test_examples.py), and both replicas compress.
 Run: .venv/bin/python -m pytest tests/e2e/test_scale_out.py
 """
 
