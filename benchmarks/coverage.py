@@ -227,7 +227,7 @@ def answers_ok(answers, layout, page):
     """Think segments: where a request's marker was written, everything from it on is still
     in its KV at the end (kv_len >= prompt + the answer's written columns) and what it kept
     of the thinking is at most the answer budget + a page; some marker was found, except on
-    hybrid sliding-window pools, where segments are off (runtime._segments)."""
+    hybrid sliding-window pools, where segments are off (runtime._spans_anywhere)."""
     found = [a for a in answers if a["marker_at"] >= 0]
     ev = {"markers_found": len(found), "requests": len(answers),
           "marker_at": sorted(a["marker_at"] for a in found),

@@ -31,8 +31,9 @@ import torch
 import triton.language as tl
 
 from sglang_zipage.kernels.utils import (
-    check_layer_buffers,
-    check_tensor,
+    FP8_CODES,
+    cdiv,
+    check_window_inputs,
     layer_ptr_table,
     lazy_jit,
     next_pow2,
@@ -41,7 +42,6 @@ from sglang_zipage.kernels.utils import (
 )
 
 _LOG2E = 1.4426950408889634
-FP8_CODES = {torch.float8_e4m3fn: 1, torch.float8_e5m2: 2}
 MAX_BLOCK_D = 128  # head-dim chunk: larger rows (MLA 576) are walked in chunks
 MAX_SPLITS = 16  # pass-1 splits of a row (a power of two >= 2: pass 2's tile)
 
@@ -224,7 +224,7 @@ def window_attention_scores(
         [L, R, Hkv, S_max] float32; softmax over keys in fp32, max over the G query
         heads of each KV group, mean over W; padding entries are 0.
     """
-    _check_inputs(q_window, k_buffers, src_slots, src_lens, key_dtype, key_scales)
+    check_window_inputs(q_window, k_buffers, src_slots, src_lens, key_dtype, key_scales)
     n_layers, n_req, w, hq, d = q_window.shape
     device = q_window.device
     hkv = k_buffers[0].shape[1]
@@ -237,11 +237,11 @@ def window_attention_scores(
     g = hq // hkv
     wp = max(16, next_pow2(w))
     gc = min(next_pow2(g), max(1, 64 // wp))  # heads per pass-1 program
-    n_gchunks = triton_cdiv(g, gc)
+    n_gchunks = cdiv(g, gc)
     gp = n_gchunks * gc  # rows of a group in the partials, padded
     block_d = min(max(16, next_pow2(d)), MAX_BLOCK_D)
     rows = wp * gc
-    num_d = triton_cdiv(d, block_d)
+    num_d = cdiv(d, block_d)
     lse_block, lse_warps = config.get("lse", TUNING[("lse", rows <= 64)])
     probs_block, probs_warps = config.get("probs", TUNING[("probs", wp * next_pow2(g) <= 64)])
     # Rows wider than one head-dim block (MLA's 576): without software pipelining and with
@@ -251,13 +251,13 @@ def window_attention_scores(
     if num_d > 1 and "lse" not in config:
         lse_block = probs_block = 32
     lrh = n_layers * n_req * hkv
-    n_chunks = triton_cdiv(s_max, lse_block)
+    n_chunks = cdiv(s_max, lse_block)
     # Enough pass-1 programs to fill the GPU about 4 times over, at most MAX_SPLITS (pass 2
     # reads MAX_SPLITS partials, masked: one compiled variant for every batch).
-    n_splits = config.get("n_splits") or triton_cdiv(4 * num_sms(device), lrh * n_gchunks)
+    n_splits = config.get("n_splits") or cdiv(4 * num_sms(device), lrh * n_gchunks)
     n_splits = max(1, min(n_splits, n_chunks, MAX_SPLITS))
-    chunks_per_split = triton_cdiv(n_chunks, n_splits)
-    n_splits = triton_cdiv(n_chunks, chunks_per_split)
+    chunks_per_split = cdiv(n_chunks, n_splits)
+    n_splits = cdiv(n_chunks, chunks_per_split)
 
     m_part = torch.empty(lrh, n_splits, wp * gp, dtype=torch.float32, device=device)
     l_part = torch.empty_like(m_part)
@@ -280,37 +280,9 @@ def window_attention_scores(
         n_req, chunks_per_split, n_splits, GC=gc, BLOCK_S=lse_block, num_warps=lse_warps, **wide,
         **common,
     )
-    _window_probs_kernel[(lrh, triton_cdiv(s_max, probs_block))](
+    _window_probs_kernel[(lrh, cdiv(s_max, probs_block))](
         q_window, table, scales, src_slots, src_lens, m_part, l_part, out,
         n_req, s_max, n_splits, SPLITS_P=MAX_SPLITS,
         BLOCK_S=probs_block, num_warps=probs_warps, **wide, **common,
     )
     return out
-
-
-def _check_inputs(q_window, k_buffers, src_slots, src_lens, key_dtype, key_scales) -> None:
-    if q_window.dim() != 5:
-        raise ValueError(f"q_window: expected [L, R, W, Hq, D], got {tuple(q_window.shape)}")
-    n_layers, n_req, _, hq, d = q_window.shape
-    if len(k_buffers) != n_layers:
-        raise ValueError(f"k_buffers: {len(k_buffers)} layers, q_window has {n_layers}")
-    check_layer_buffers("k_buffers", k_buffers, 3)
-    _, hkv, d_k = k_buffers[0].shape
-    if d_k != d or hq % hkv != 0:
-        raise ValueError(f"q_window heads/dim {hq}/{d} do not fit k_buffers heads/dim {hkv}/{d_k}")
-    if key_dtype is not None and key_dtype not in FP8_CODES:
-        raise ValueError(f"key_dtype: expected None or one of {list(FP8_CODES)}, got {key_dtype}")
-    k_dtype = torch.uint8 if key_dtype is not None else q_window.dtype
-    check_tensor("k_buffers[0]", k_buffers[0], (None, hkv, d), (k_dtype,), q_window.device)
-    if key_scales is not None:
-        check_tensor("key_scales", key_scales, (n_layers,), (torch.float32,), q_window.device)
-    if q_window.stride(-1) != 1:
-        raise ValueError(f"q_window: last dim must be contiguous, strides {q_window.stride()}")
-    check_tensor("src_slots", src_slots, (n_req, None), (torch.int64,), q_window.device)
-    check_tensor("src_lens", src_lens, (n_req,), (torch.int32, torch.int64), q_window.device)
-    if src_slots.stride(-1) != 1:
-        raise ValueError("src_slots: rows must be contiguous")
-
-
-def triton_cdiv(a: int, b: int) -> int:
-    return -(-int(a) // int(b))

@@ -115,3 +115,36 @@ def num_sms(device: torch.device) -> int:
     if device.type != "cuda":
         return 4
     return torch.cuda.get_device_properties(device).multi_processor_count
+
+
+def cdiv(a: int, b: int) -> int:
+    return -(-int(a) // int(b))
+
+
+# uint8-stored FP8 keys: the KEY_FP8 code a kernel bitcasts them with
+FP8_CODES = {torch.float8_e4m3fn: 1, torch.float8_e5m2: 2}
+
+
+def check_window_inputs(q_window, k_buffers, src_slots, src_lens, key_dtype, key_scales) -> None:
+    """The shapes, dtypes and strides window_attention_scores takes (scores.py)."""
+    if q_window.dim() != 5:
+        raise ValueError(f"q_window: expected [L, R, W, Hq, D], got {tuple(q_window.shape)}")
+    n_layers, n_req, _, hq, d = q_window.shape
+    if len(k_buffers) != n_layers:
+        raise ValueError(f"k_buffers: {len(k_buffers)} layers, q_window has {n_layers}")
+    check_layer_buffers("k_buffers", k_buffers, 3)
+    _, hkv, d_k = k_buffers[0].shape
+    if d_k != d or hq % hkv != 0:
+        raise ValueError(f"q_window heads/dim {hq}/{d} do not fit k_buffers heads/dim {hkv}/{d_k}")
+    if key_dtype is not None and key_dtype not in FP8_CODES:
+        raise ValueError(f"key_dtype: expected None or one of {list(FP8_CODES)}, got {key_dtype}")
+    k_dtype = torch.uint8 if key_dtype is not None else q_window.dtype
+    check_tensor("k_buffers[0]", k_buffers[0], (None, hkv, d), (k_dtype,), q_window.device)
+    if key_scales is not None:
+        check_tensor("key_scales", key_scales, (n_layers,), (torch.float32,), q_window.device)
+    if q_window.stride(-1) != 1:
+        raise ValueError(f"q_window: last dim must be contiguous, strides {q_window.stride()}")
+    check_tensor("src_slots", src_slots, (n_req, None), (torch.int64,), q_window.device)
+    check_tensor("src_lens", src_lens, (n_req,), (torch.int32, torch.int64), q_window.device)
+    if src_slots.stride(-1) != 1:
+        raise ValueError("src_slots: rows must be contiguous")

@@ -37,19 +37,12 @@ from sglang_zipage.query_window import QueryWindow
 from sglang_zipage.repetition import LoopGuard
 from sglang_zipage.scoring import ScoringParams
 from sglang_zipage.segments import Segments
+from sglang_zipage.server_args import decode_graph_max_bs
 from sglang_zipage.shadows import ShadowCompactions
 
 logger = logging.getLogger("sglang_zipage")
 
 SHADOW_BUDGETS = 8  # asynchronous mode: compactions in flight at once (fresh-slot reserve)
-
-
-def decode_graph_max_bs(server_args, device) -> Optional[int]:
-    """The largest decode batch SGLang captured a CUDA graph for; None where decode has none."""
-    decode = server_args.cuda_graph_config.decode
-    if device.type != "cuda" or server_args.disable_cuda_graph or decode.backend == "disabled":
-        return None
-    return max(decode.bs) if decode.bs else decode.max_bs
 
 
 class ZipageRuntime:
@@ -130,10 +123,14 @@ class ZipageRuntime:
                 self.evict(batch, n)
             return allocator.alloc(n)
 
-        own_prompt = OwnPrompt(alloc, pending, self.stats) if self._compress_prompt(cfg) else None
+        own_prompt = (OwnPrompt(alloc, pending, self.stats) if cfg.compress_prompt
+                      and self._spans_anywhere("--zipage-compress-prompt") else None)
+        segments = (Segments(cfg.answer_budget) if cfg.think_end != "none"
+                    and self._spans_anywhere("the thinking segment (the answer's protection)")
+                    else None)
         policy = StepPolicy(budgets, window, self.stats, own_prompt=own_prompt,
                             loop_guard=LoopGuard() if cfg.loop_guard else None,
-                            segments=self._segments(cfg), page_size=page)
+                            segments=segments, page_size=page)
         self.planner = Planner(
             budgets, policy, layout=self.layout, window=window, shadows=self.shadows,
             allocator=allocator, stats=self.stats, decisions=self.decisions, pending=pending,
@@ -158,25 +155,14 @@ class ZipageRuntime:
                     cfg.kv_budget, cfg.buffer, cfg.window, page, self.warm_up_s)
         logger.info(plan.log_line())
 
-    def _segments(self, cfg) -> Optional[Segments]:
-        """Thinking and answer (segments.py): on unless --zipage-think-end none, or the pool
-        is a hybrid sliding-window one (said once at startup)."""
-        if cfg.think_end == "none":
-            return None
+    def _spans_anywhere(self, feature: str) -> bool:
+        """Think segments and --zipage-compress-prompt need a layout whose compressed span
+        may lie anywhere in a request, which a hybrid sliding-window pool's is not (said
+        once at startup)."""
         if not self.layout.spans_anywhere:
-            logger.warning("zipage: think segments are off on %s's hybrid sliding-window pool "
-                           "(pass --disable-hybrid-swa-memory to protect answers)", self.layout.name)
-            return None
-        return Segments(cfg.answer_budget)
-
-    def _compress_prompt(self, cfg) -> bool:
-        """--zipage-compress-prompt (own_prompt.py), except on a hybrid sliding-window pool
-        (said once at startup)."""
-        if cfg.compress_prompt and not self.layout.spans_anywhere:
-            logger.warning("zipage: --zipage-compress-prompt is off on the hybrid sliding-window "
-                           "pool: prompts stay whole (pass --disable-hybrid-swa-memory)")
-            return False
-        return cfg.compress_prompt
+            logger.warning("zipage: %s is off on %s's hybrid sliding-window pool (pass "
+                           "--disable-hybrid-swa-memory)", feature, self.layout.name)
+        return self.layout.spans_anywhere
 
     @property
     def ready(self) -> bool:

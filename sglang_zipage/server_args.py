@@ -158,3 +158,11 @@ def device_memory_bytes(device: str) -> Optional[int]:
     except Exception:  # noqa: BLE001 - unknown: the scheduler plans with what it profiles
         return None
     return int(mib * (1 << 20)) if mib else None
+
+
+def decode_graph_max_bs(server_args, device) -> Optional[int]:
+    """The largest decode batch SGLang captured a CUDA graph for; None where decode has none."""
+    decode = server_args.cuda_graph_config.decode
+    if device.type != "cuda" or server_args.disable_cuda_graph or decode.backend == "disabled":
+        return None
+    return max(decode.bs) if decode.bs else decode.max_bs

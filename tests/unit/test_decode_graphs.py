@@ -12,7 +12,7 @@ import torch
 from sglang_zipage.counters import Counters
 from sglang_zipage.engine import checked
 from sglang_zipage.harness.engines import MODELS
-from sglang_zipage.runtime import decode_graph_max_bs
+from sglang_zipage.server_args import decode_graph_max_bs
 
 GPU_ARGS = dict(model_path=os.path.join(MODELS, "qwen3-8b-dummy"), load_format="dummy",
                 skip_tokenizer_init=True, device="cuda", attention_backend="flashinfer")
