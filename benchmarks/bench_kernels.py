@@ -49,7 +49,7 @@ from sglang_zipage.kernels.scores import window_attention_scores  # noqa: E402
 from sglang_zipage.harness.record import command_line, git_commit, gpu_name, versions, write_json  # noqa: E402
 from sglang_zipage.query_window import QueryWindow  # noqa: E402
 from sglang_zipage.kv_layout import LayerKV  # noqa: E402
-from sglang_zipage.scoring import (ScoringParams, in_place_order, score_tokens,  # noqa: E402
+from sglang_zipage.scoring import (Queries, ScoringParams, in_place_order, score_tokens,  # noqa: E402
                                    select_and_compact)
 
 FULL = dict(layers=36, hq=32, hkv=8, d=128, s=2304, k=2048, batches=[1, 8, 32], w=16,
@@ -181,10 +181,10 @@ def bench_pipeline(cfg, pool, b):
     scale = cfg["d"] ** -0.5
 
     def scoring():
-        return score_tokens(params, q, LayerKV(pool.k, pool.v), pool.sb, src, lens, n_stored, first, scale)
+        return score_tokens(params, Queries(q), LayerKV(pool.k, pool.v), pool.sb, src, lens, n_stored, first, scale)
 
     def full():  # what the engine runs: scoring.select_and_compact
-        select_and_compact(params, q, LayerKV(pool.k, pool.v), pool.sb, src, lens, n_stored,
+        select_and_compact(params, Queries(q), LayerKV(pool.k, pool.v), pool.sb, src, lens, n_stored,
                            first, scale, dst, k)
 
     final, g = scoring()
@@ -215,7 +215,7 @@ def bench_pipeline(cfg, pool, b):
         total_ms=timed_ms(full, it),
         # what --zipage-redundancy costs on top (issue 17: the default scoring's price)
         **{f"score_tokens_{mode}_ms": timed_ms(lambda mode=mode: score_tokens(
-            ScoringParams(redundancy=mode), q, LayerKV(pool.k, pool.v), pool.sb, src, lens,
+            ScoringParams(redundancy=mode), Queries(q), LayerKV(pool.k, pool.v), pool.sb, src, lens,
             n_stored, first, scale), it) for mode in ("full", "lightning")},
     )
 
@@ -311,7 +311,7 @@ def jit_variants(cfg, pool):
         first = torch.zeros(b, dtype=torch.bool, device=src.device)
 
         def run():
-            select_and_compact(params, pool.q[:, :b], LayerKV(pool.k, pool.v), pool.sb, src, lens,
+            select_and_compact(params, Queries(pool.q[:, :b]), LayerKV(pool.k, pool.v), pool.sb, src, lens,
                                n_stored, first, scale, src[:, :k].contiguous(), k)
         first_ms = timed_ms(run, 1, warmup=0)
         res["shapes"].append(dict(requests=b, s_max=s_max, k=k, first_call_ms=first_ms,

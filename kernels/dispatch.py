@@ -13,6 +13,7 @@ import torch
 
 from sglang_zipage.kernels import reference
 from sglang_zipage.kernels.reference import (
+    Rope,
     compact_kv_ref,
     global_scores_ref,
     protect_ref,
@@ -24,6 +25,7 @@ ENV_BACKEND = "SGLANG_ZIPAGE_KERNELS"
 
 __all__ = [
     "ENV_BACKEND",
+    "Rope",
     "backend_for",
     "compact_kv",
     "compact_kv_ref",
@@ -47,9 +49,9 @@ def backend_for(device: torch.device) -> str:
 
 
 def window_attention_scores(q_window, k_buffers, src_slots, src_lens, sm_scale,
-                            key_dtype=None, key_scales=None):
+                            key_dtype=None, key_scales=None, rope=None):
     """See reference.window_attention_scores_ref for the contract."""
-    args = (q_window, k_buffers, src_slots, src_lens, sm_scale, key_dtype, key_scales)
+    args = (q_window, k_buffers, src_slots, src_lens, sm_scale, key_dtype, key_scales, rope)
     if backend_for(q_window.device) == "ref":
         return window_attention_scores_ref(*args)
     from sglang_zipage.kernels.scores import window_attention_scores as op

@@ -17,9 +17,47 @@ Shared names:
 
 from __future__ import annotations
 
-from typing import Optional, Sequence, Tuple
+from typing import NamedTuple, Optional, Sequence, Tuple
 
 import torch
+
+
+class Rope(NamedTuple):
+    """Rotate pre-RoPE queries to each request's position before scoring them (the
+    calibrated scorer's queries). Dims [start, start + R) of a query rotate as the model
+    rotates them: cos_sin [P, R] is the model's table (cos half, then sin half, any float
+    dtype); positions [R] int64 on the queries' device, each < P; ``neox`` pairs dim i with
+    i + R/2, else 2i with 2i + 1."""
+    cos_sin: torch.Tensor
+    positions: torch.Tensor
+    start: int
+    neox: bool
+
+
+def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, neox: bool, start: int = 0,
+           inverse: bool = False) -> torch.Tensor:
+    """RoPE of x [..., D] by cos, sin [..., R/2] (broadcast) over dims [start, start + R),
+    in float32 (float64 stays), or its inverse (a table scaled by m, as YaRN's mscale, is
+    undone by 1/m)."""
+    dt = torch.promote_types(x.dtype, torch.float32)
+    x, cos, sin = x.to(dt), cos.to(dt), sin.to(dt)
+    half = cos.shape[-1]
+    part = x[..., start:start + 2 * half]
+    a, b = (part[..., :half], part[..., half:]) if neox else (part[..., 0::2], part[..., 1::2])
+    if inverse:
+        norm = cos * cos + sin * sin
+        cos, sin = cos / norm, -sin / norm
+    ra, rb = a * cos - b * sin, b * cos + a * sin
+    rotated = torch.cat([ra, rb], -1) if neox else torch.stack([ra, rb], -1).flatten(-2)
+    return torch.cat([x[..., :start], rotated, x[..., start + 2 * half:]], -1)
+
+
+def rope_queries(q: torch.Tensor, rope: Rope) -> torch.Tensor:
+    """q [L, R, W, Hq, D] pre-RoPE -> rotated to rope.positions[r], in q's dtype."""
+    table = rope.cos_sin[rope.positions]  # [R, R_dims]
+    half = table.shape[-1] // 2
+    cos, sin = table[:, None, None, :half], table[:, None, None, half:]
+    return rotate(q, cos, sin, rope.neox, rope.start).to(q.dtype)
 
 
 def window_attention_scores_ref(
@@ -30,6 +68,7 @@ def window_attention_scores_ref(
     sm_scale: float,
     key_dtype: Optional[torch.dtype] = None,
     key_scales: Optional[torch.Tensor] = None,
+    rope: Optional[Rope] = None,
 ) -> torch.Tensor:
     """Attention that the last W queries pay to each compressible token.
 
@@ -42,12 +81,17 @@ def window_attention_scores_ref(
         sm_scale: logit scale (usually D ** -0.5).
         key_dtype: None, or the FP8 type (float8_e4m3fn / float8_e5m2) of uint8 keys.
         key_scales: None, or [L] float32: key = stored * key_scales[l] (FP8 k_scale).
+        rope: None, or (Rope) the queries are pre-RoPE: each request's rows are rotated to
+            its position first (float32, rounded to the query dtype); q_window may then be
+            an expanded view, stride 0 over requests.
 
     Returns:
         [L, R, Hkv, S_max] float32. For each query (w, q-head): softmax over the
         src_lens[r] keys of q.k * sm_scale in fp32; max over the G query heads of a
         KV group; mean over the W queries. Padding entries are 0.
     """
+    if rope is not None:
+        q_window = rope_queries(q_window, rope)
     n_layers, n_req, w, hq, d = q_window.shape
     s_max = src_slots.shape[1]
     pos = torch.arange(s_max, device=src_slots.device)

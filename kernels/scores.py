@@ -20,6 +20,9 @@ The head dim is walked in NUM_D chunks of BLOCK_D (one chunk up to 128: MHA; fiv
 for MLA's 576-wide latent rows), the logits summed over chunks.
 FP8 KV is stored as uint8: KEY_FP8 1 (e4m3) / 2 (e5m2) bitcasts it, multiplies by the
 layer's k_scale and rounds to the query dtype before the dot.
+ROPE 1 (the calibrated scorer): the query rows are pre-RoPE, the same for every request
+(stride 0); `_query_tile` rotates each tile to the request's position as it loads it, so no
+rotated copy of the queries is ever written.
 Twin: reference.window_attention_scores_ref.
 """
 
@@ -30,10 +33,13 @@ from typing import Optional, Sequence
 import torch
 import triton.language as tl
 
+from sglang_zipage.kernels.reference import Rope
 from sglang_zipage.kernels.utils import (
     FP8_CODES,
     cdiv,
+    check_rope,
     check_window_inputs,
+    jit_helper,
     layer_ptr_table,
     lazy_jit,
     next_pow2,
@@ -46,18 +52,49 @@ MAX_BLOCK_D = 128  # head-dim chunk: larger rows (MLA 576) are walked in chunks
 MAX_SPLITS = 16  # pass-1 splits of a row (a power of two >= 2: pass 2's tile)
 
 
+@jit_helper
+def _query_tile(q_ptr, q_off, d, mask, pos, cs_ptr, stride_cs,
+                ROPE: tl.constexpr, ROT_START: tl.constexpr, ROT_HALF: tl.constexpr,
+                NEOX: tl.constexpr, Q_DTYPE: tl.constexpr):
+    """Query rows q_off [N] x dims d [BD]. ROPE: dims [ROT_START, ROT_START + 2 ROT_HALF)
+    rotated to position pos by the model's table (float32, rounded to Q_DTYPE)."""
+    q = tl.load(q_ptr + q_off[:, None] + d[None, :], mask=mask, other=0.0)
+    if ROPE:
+        j = d - ROT_START
+        rot = (j >= 0) & (j < 2 * ROT_HALF)
+        if NEOX:  # pairs (i, i + R/2)
+            first = j < ROT_HALF
+            pair = tl.where(first, j, j - ROT_HALF)
+            partner = tl.where(first, j + ROT_HALF, j - ROT_HALF)
+        else:  # pairs (2i, 2i + 1)
+            first = (j % 2) == 0
+            pair = j // 2
+            partner = tl.where(first, j + 1, j - 1)
+        pair = tl.where(rot, pair, 0)
+        partner = tl.where(rot, partner, 0)
+        row = cs_ptr + pos * stride_cs
+        cos = tl.load(row + pair, mask=rot, other=1.0).to(tl.float32)
+        sin = tl.load(row + ROT_HALF + pair, mask=rot, other=0.0).to(tl.float32)
+        sin = tl.where(first, -sin, sin)
+        other = tl.load(q_ptr + q_off[:, None] + (ROT_START + partner)[None, :],
+                        mask=mask & rot[None, :], other=0.0)
+        q = (q.to(tl.float32) * cos[None, :] + other.to(tl.float32) * sin[None, :]).to(Q_DTYPE)
+    return q
+
+
 @lazy_jit(batch_args=("R", "chunks_per_split", "n_splits"))
 def _window_lse_kernel(
-    q_ptr, k_table, scale_ptr, src_slots_ptr, src_lens_ptr, m_ptr, l_ptr,
+    q_ptr, k_table, scale_ptr, src_slots_ptr, src_lens_ptr, m_ptr, l_ptr, cs_ptr, pos_ptr,
     R, chunks_per_split, n_splits,
     stride_ql, stride_qr, stride_qw, stride_qh,
-    stride_ks, stride_kh, stride_src_r,
+    stride_ks, stride_kh, stride_src_r, stride_cs,
     qk_scale,
     W: tl.constexpr, G: tl.constexpr, HKV: tl.constexpr, WP: tl.constexpr,
     GP: tl.constexpr, GC: tl.constexpr, D: tl.constexpr, BLOCK_D: tl.constexpr,
     NUM_D: tl.constexpr, BLOCK_S: tl.constexpr,
     KV_DTYPE: tl.constexpr, PRECISION: tl.constexpr,
     KEY_FP8: tl.constexpr, Q_DTYPE: tl.constexpr,
+    ROPE: tl.constexpr, ROT_START: tl.constexpr, ROT_HALF: tl.constexpr, NEOX: tl.constexpr,
 ):
     pid = tl.program_id(0)
     split = tl.program_id(1)
@@ -78,10 +115,13 @@ def _window_lse_kernel(
     w = rows % WP
     row_ok = (g < G) & (w < W)
     q_off = layer.to(tl.int64) * stride_ql + r * stride_qr + w * stride_qw + (h * G + g) * stride_qh
+    pos = 0
+    if ROPE:
+        pos = tl.load(pos_ptr + r).to(tl.int64)
     if NUM_D == 1:  # the whole head dim in one tile: load the queries once
         d = tl.arange(0, BLOCK_D)
-        q = tl.load(q_ptr + q_off[:, None] + d[None, :], mask=row_ok[:, None] & (d < D)[None, :],
-                    other=0.0)
+        q = _query_tile(q_ptr, q_off, d, row_ok[:, None] & (d < D)[None, :], pos, cs_ptr,
+                        stride_cs, ROPE, ROT_START, ROT_HALF, NEOX, Q_DTYPE)
 
     m_i = tl.full([WP * GC], float("-inf"), tl.float32)
     l_i = tl.zeros([WP * GC], tl.float32)
@@ -96,8 +136,8 @@ def _window_lse_kernel(
             d = dc * BLOCK_D + tl.arange(0, BLOCK_D)
             d_ok = d < D
             if NUM_D > 1:
-                q = tl.load(q_ptr + q_off[:, None] + d[None, :],
-                            mask=row_ok[:, None] & d_ok[None, :], other=0.0)
+                q = _query_tile(q_ptr, q_off, d, row_ok[:, None] & d_ok[None, :], pos, cs_ptr,
+                                stride_cs, ROPE, ROT_START, ROT_HALF, NEOX, Q_DTYPE)
             k = tl.load(k_base + slot[:, None] * stride_ks + h * stride_kh + d[None, :],
                         mask=s_ok[:, None] & d_ok[None, :], other=0)
             if KEY_FP8 == 1:
@@ -117,16 +157,17 @@ def _window_lse_kernel(
 
 @lazy_jit(batch_args=("R", "n_splits"))
 def _window_probs_kernel(
-    q_ptr, k_table, scale_ptr, src_slots_ptr, src_lens_ptr, m_ptr, l_ptr, out_ptr,
-    R, S_max, n_splits,
+    q_ptr, k_table, scale_ptr, src_slots_ptr, src_lens_ptr, m_ptr, l_ptr, out_ptr, cs_ptr,
+    pos_ptr, R, S_max, n_splits,
     stride_ql, stride_qr, stride_qw, stride_qh,
-    stride_ks, stride_kh, stride_src_r,
+    stride_ks, stride_kh, stride_src_r, stride_cs,
     qk_scale,
     W: tl.constexpr, G: tl.constexpr, HKV: tl.constexpr, WP: tl.constexpr,
     GP: tl.constexpr, D: tl.constexpr, BLOCK_D: tl.constexpr, NUM_D: tl.constexpr,
     BLOCK_S: tl.constexpr, SPLITS_P: tl.constexpr,
     KV_DTYPE: tl.constexpr, PRECISION: tl.constexpr,
     KEY_FP8: tl.constexpr, Q_DTYPE: tl.constexpr,
+    ROPE: tl.constexpr, ROT_START: tl.constexpr, ROT_HALF: tl.constexpr, NEOX: tl.constexpr,
 ):
     pid = tl.program_id(0)
     block = tl.program_id(1)
@@ -156,6 +197,9 @@ def _window_probs_kernel(
     part = (pid * n_splits + sp[:, None]) * (WP * GP) + w[None, :]  # [SPLITS_P, WP]
     sp_ok = (sp < n_splits)[:, None]
     q_row = layer.to(tl.int64) * stride_ql + r * stride_qr + w * stride_qw
+    pos = 0
+    if ROPE:
+        pos = tl.load(pos_ptr + r).to(tl.int64)
     best = tl.zeros([WP, BLOCK_S], tl.float32)
     for g in range(G):
         m_p = tl.load(m_ptr + part + g * WP, mask=sp_ok, other=float("-inf"))
@@ -166,8 +210,9 @@ def _window_probs_kernel(
         for dc in tl.static_range(NUM_D):
             d = dc * BLOCK_D + tl.arange(0, BLOCK_D)
             d_ok = d < D
-            q = tl.load(q_ptr + (q_row + (h * G + g) * stride_qh)[:, None] + d[None, :],
-                        mask=w_ok[:, None] & d_ok[None, :], other=0.0)
+            q = _query_tile(q_ptr, q_row + (h * G + g) * stride_qh, d,
+                            w_ok[:, None] & d_ok[None, :], pos, cs_ptr, stride_cs,
+                            ROPE, ROT_START, ROT_HALF, NEOX, Q_DTYPE)
             if NUM_D > 1:
                 k = tl.load(k_base + slot[:, None] * stride_ks + h * stride_kh + d[None, :],
                             mask=s_ok[:, None] & d_ok[None, :], other=0)
@@ -201,6 +246,7 @@ def window_attention_scores(
     sm_scale: float,
     key_dtype: Optional[torch.dtype] = None,
     key_scales: Optional[torch.Tensor] = None,
+    rope: Optional[Rope] = None,
     *,
     config: Optional[dict] = None,
 ) -> torch.Tensor:
@@ -217,6 +263,8 @@ def window_attention_scores(
         sm_scale: float logit scale.
         key_dtype: None, or torch.float8_e4m3fn / float8_e5m2 for uint8 keys.
         key_scales: [L] float32 (FP8 k_scale per layer), or None (1).
+        rope: None, or pre-RoPE queries (q_window may be expanded over requests, stride 0),
+            rotated to rope.positions[r] in the kernel.
         config: launch tuning only: {"lse": (BLOCK_S, num_warps), "probs": (...),
             "n_splits": int}; missing keys use TUNING and a split heuristic.
 
@@ -225,6 +273,8 @@ def window_attention_scores(
         heads of each KV group, mean over W; padding entries are 0.
     """
     check_window_inputs(q_window, k_buffers, src_slots, src_lens, key_dtype, key_scales)
+    if rope is not None:
+        check_rope(rope, q_window)
     n_layers, n_req, w, hq, d = q_window.shape
     device = q_window.device
     hkv = k_buffers[0].shape[1]
@@ -274,14 +324,18 @@ def window_attention_scores(
         # fp32 inputs: exact fp32 products rather than the TF32 default of tl.dot.
         PRECISION="ieee" if q_window.dtype == torch.float32 else "tf32",
         KEY_FP8=FP8_CODES.get(key_dtype, 0), Q_DTYPE=triton_dtype(q_window.dtype),
+        stride_cs=rope.cos_sin.stride(0) if rope else 0, ROPE=rope is not None,
+        ROT_START=rope.start if rope else 0, NEOX=bool(rope and rope.neox),
+        ROT_HALF=rope.cos_sin.shape[-1] // 2 if rope else 1,
     )
+    cs, positions = (rope.cos_sin, rope.positions) if rope else (out, src_lens)  # unread
     _window_lse_kernel[(lrh, n_splits, n_gchunks)](
-        q_window, table, scales, src_slots, src_lens, m_part, l_part,
+        q_window, table, scales, src_slots, src_lens, m_part, l_part, cs, positions,
         n_req, chunks_per_split, n_splits, GC=gc, BLOCK_S=lse_block, num_warps=lse_warps, **wide,
         **common,
     )
     _window_probs_kernel[(lrh, cdiv(s_max, probs_block))](
-        q_window, table, scales, src_slots, src_lens, m_part, l_part, out,
+        q_window, table, scales, src_slots, src_lens, m_part, l_part, out, cs, positions,
         n_req, s_max, n_splits, SPLITS_P=MAX_SPLITS,
         BLOCK_S=probs_block, num_warps=probs_warps, **wide, **common,
     )

@@ -27,6 +27,10 @@ class LazyJit:
         if self._jitted is None:
             import triton
 
+            scope = self.fn.__globals__  # the @jit_helper functions it calls, jitted first
+            for name, value in list(scope.items()):
+                if isinstance(value, JitHelper):
+                    scope[name] = triton.jit(value.fn)
             self._jitted = triton.jit(self.fn, **self.options)
         return self._jitted[grid]
 
@@ -36,6 +40,18 @@ class LazyJit:
             return 0
         caches = getattr(self._jitted, "device_caches", None)  # JITFunction's, per device
         return None if caches is None else sum(len(c[0]) for c in caches.values())
+
+
+class JitHelper:
+    """A device function kernels call (``@jit_helper``): it becomes ``triton.jit(fn)``, in
+    its module's namespace, when the first kernel of that module launches."""
+
+    def __init__(self, fn: Callable):
+        self.fn = fn
+
+
+def jit_helper(fn: Callable) -> JitHelper:
+    return JitHelper(fn)
 
 
 def lazy_jit(*, batch_args: Sequence[str] = ()) -> Callable[[Callable], LazyJit]:
@@ -123,6 +139,21 @@ def cdiv(a: int, b: int) -> int:
 
 # uint8-stored FP8 keys: the KEY_FP8 code a kernel bitcasts them with
 FP8_CODES = {torch.float8_e4m3fn: 1, torch.float8_e5m2: 2}
+
+
+def check_rope(rope, q_window) -> None:
+    """A Rope fits q_window [L, R, W, Hq, D] (reference.Rope's contract)."""
+    rot = rope.cos_sin.shape[-1] if rope.cos_sin.dim() == 2 else -1
+    if rot <= 0 or rot % 2 or rope.start < 0 or rope.start + rot > q_window.shape[-1]:
+        raise ValueError(f"rope: a table [P, R] with even R and start + R <= "
+                         f"{q_window.shape[-1]}; got {tuple(rope.cos_sin.shape)}, start "
+                         f"{rope.start}")
+    if rope.cos_sin.stride(-1) != 1:
+        raise ValueError("rope.cos_sin: rows must be contiguous")
+    check_tensor("rope.cos_sin", rope.cos_sin, (None, rot),
+                 (torch.float32, torch.float16, torch.bfloat16), q_window.device)
+    check_tensor("rope.positions", rope.positions, (q_window.shape[1],), (torch.int64,),
+                 q_window.device)
 
 
 def check_window_inputs(q_window, k_buffers, src_slots, src_lens, key_dtype, key_scales) -> None:

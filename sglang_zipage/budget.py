@@ -80,7 +80,6 @@ from sglang_zipage.config import ZipageConfig, async_lag
 from sglang_zipage.request_state import ReqState
 
 
-
 def floor_page(n: int, page: int) -> int:
     return n // page * page
 
@@ -93,13 +92,14 @@ class Budget:
     page_size: int = 1
     lag: int = 0  # asynchronous mode: compactions start this many tokens before the limit
     elastic: bool = False  # compact only on demand (pressure), not at the limit
+    window_scored: bool = True  # scored by the query window (W1, W2); False: calibrated
 
     @classmethod
     def from_config(cls, config: ZipageConfig, page_size: int = 1) -> "Budget":
         """The server's budget: the config's budget, buffer and window on this page size."""
         lag = async_lag(page_size) if config.async_compaction else 0
         return cls(config.kv_budget, config.buffer, config.window, page_size, lag,
-                   elastic=config.mode == "elastic")
+                   elastic=config.mode == "elastic", window_scored=config.scorer == "window")
 
     def __post_init__(self):
         assert self.kv_budget % self.page_size == 0, "I2: kv_budget must be page aligned"
@@ -124,8 +124,9 @@ class Budget:
     def wants_window(self, state: ReqState, suffix: int) -> bool:
         """Ask for a window slot W decode steps before the trigger. Fixed mode asks at that
         step only: a slot taken later could not fill before the limit (W1). Elastic mode
-        asks at every step from then on (its requests grow past the limit while there is room)."""
-        if state.window_since >= 0:
+        asks at every step from then on (its requests grow past the limit while there is room).
+        Never with the calibrated scorer."""
+        if state.window_since >= 0 or not self.window_scored:
             return False
         start = self.trigger - self.window
         return suffix >= start if self.elastic else suffix == start
@@ -134,7 +135,7 @@ class Budget:
     def keeps_window(self) -> bool:
         """The next window starts within W tokens of a compaction (buffer - lag <= W): a
         request keeps its slot across compactions rather than miss its next start (W1)."""
-        return self.buffer - self.lag <= self.window
+        return self.window_scored and self.buffer - self.lag <= self.window
 
     def window_ready(self, state: ReqState, decode_idx: int) -> bool:
         return state.window_since >= 0 and decode_idx - state.window_since >= self.window

@@ -44,10 +44,13 @@ class CompactionItem:
     suffix: int  # S: compressible columns [c0, c0 + S)
     n_stored: int  # leading suffix tokens with a valid stored global score
     first: bool  # first compaction of this request (pooling applies)
-    window_slot: int  # its row in the query window; 0: none (windowless, memory.py)
+    window_slot: int  # its row in the query window; 0: none
     kv_budget: int  # k: tokens it keeps per (layer, KV head)
     tail: int = 0  # columns after the compressed span, [c0 + S, c0 + S + tail): its answer,
     # never evicted; they move right behind the kept tokens (``shift_tail``)
+    windowless: bool = False  # scored by the window but holds no slot: the most recent
+    # tokens are kept (budget W2)
+    position: int = 0  # its next logical position: where the calibrated scorer's queries sit
 
 
 @dataclass(frozen=True)
@@ -61,6 +64,7 @@ class CompactionPlan:
     n_stored: torch.Tensor  # [R] int64
     first: torch.Tensor  # [R] bool
     windowless: bool = False  # no request has a window: the most recent tokens are kept
+    positions: Optional[torch.Tensor] = None  # [R] int64 next logical positions (CPU)
 
     @property
     def tensors(self):
@@ -76,8 +80,8 @@ def plan_compaction(req_to_token: torch.Tensor, items: Sequence[CompactionItem],
     Shadow (fresh [R, k] slots): the whole snapshot [R, S_max] padded with 0, to free only
     at commit (``src_lens`` says how many of each row are real)."""
     dev = req_to_token.device
-    windowless = items[0].window_slot == 0
-    assert all((it.window_slot == 0) == windowless for it in items), "one launch, one kind"
+    windowless = items[0].windowless
+    assert all(it.windowless == windowless for it in items), "one launch, one kind"
     s_max = aligned_s_max(max(it.suffix for it in items))
     rows, cols, free_rows, free_cols = [], [], [], []
     for it in items:
@@ -108,6 +112,7 @@ def plan_compaction(req_to_token: torch.Tensor, items: Sequence[CompactionItem],
         n_stored=torch.tensor([it.n_stored for it in items], dtype=torch.int64).to(dev),
         first=torch.tensor([it.first for it in items], dtype=torch.bool).to(dev),
         windowless=windowless,
+        positions=torch.tensor([it.position for it in items], dtype=torch.int64),
     )
     return plan, to_free
 

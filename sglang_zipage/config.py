@@ -23,6 +23,7 @@ ASYNC_LAG_TOKENS = 8  # --zipage-async: a compaction starts this many tokens bef
 REDUNDANCY_MODES = ("none", "full", "lightning")
 SELECTION_MODES = ("score", "random", "recent")
 MODES = ("fixed", "elastic")
+SCORERS = ("window", "calibrated")
 
 
 class ZipageConfigError(ValueError):
@@ -61,8 +62,17 @@ class ZipageConfig:
         "however much room the pool has.",
         choices=MODES))
     window: int = field(default=16, metadata=_flag(
-        "Query window W: the last W decode queries score the cached tokens; "
-        "the last W tokens are always kept."))
+        "Query window W: the last W decode queries score the cached tokens (the window "
+        "scorer); the last W tokens are always kept."))
+    scorer: str = field(default="window", metadata=_flag(
+        "What scores the cached tokens at a compaction: window (each request's last W decode "
+        "queries, kept in a query window of a few slots) or calibrated (per head, K typical "
+        "queries measured once per model by python -m sglang_zipage.calibrate, rotated to the "
+        "request's next position: no query memory, no windowless compaction).",
+        choices=SCORERS))
+    query_stats: str = field(default="", metadata=_flag(
+        "The calibrated scorer's statistics (python -m sglang_zipage.calibrate --out FILE). "
+        "Empty: the bundled model's own, or MODEL_PATH/zipage_query_stats.safetensors."))
     async_compaction: bool = field(default=False, metadata=_flag(
         "Run scoring and compaction on a side CUDA stream, overlapped with decode: a request "
         "starts compacting a few tokens before its limit into spare pages and keeps decoding "
@@ -132,6 +142,8 @@ class ZipageConfig:
             bad("memory_fraction", f"must be in (0, 0.5], got {self.memory_fraction}")
         if self.mode not in MODES:
             bad("mode", f"must be one of {', '.join(MODES)}, got {self.mode!r}")
+        if self.scorer not in SCORERS:
+            bad("scorer", f"must be one of {', '.join(SCORERS)}, got {self.scorer!r}")
         if self.mode == "elastic" and self.async_compaction:
             bad("mode", "elastic (the default) compacts on demand, synchronously: add "
                 "--zipage-mode fixed to overlap compactions with decode (--zipage-async)")

@@ -9,6 +9,7 @@ around the kernels on their stream and summed once the events completed (``span_
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from typing import Optional
@@ -142,3 +143,26 @@ class Counters:
     def snapshot(self) -> dict:
         self.collect()
         return dict(self.values)
+
+
+def server_info(rt, running_reqs=()) -> dict:
+    """/server_info's zipage state of a scheduler's runtime (runtime.ZipageRuntime): the
+    active configuration, its layout and memory, what runs now and every count."""
+    compressed = sum(1 for r in running_reqs
+                     if getattr(r, "zipage", None) is not None and r.zipage.compactions)
+    pressure = rt.planner.pressure if rt.planner else None
+    return {"config": dataclasses.asdict(rt.config), "active": rt.ready,
+            "layout": rt.layout.describe() if rt.ready else None,
+            "budget_limit_tokens": rt.budget.limit if rt.budget else None,
+            "memory_bytes": rt.memory_bytes, "warm_up_s": rt.warm_up_s,
+            "memory": rt.memory_plan.describe() if rt.memory_plan else None,
+            "running_compressed_requests": compressed,
+            "running_squeezed_requests": sum(
+                1 for r in running_reqs if getattr(r, "zipage", None) is not None
+                and r.zipage.squeezed_to is not None),
+            "free_window_slots": rt.window.free_slots if rt.window else None,
+            "window_slots": rt.window.num_slots if rt.window else None,
+            "shadow_tokens_held": rt.shadows.held, **rt.stats.snapshot(),
+            "elastic_pressure": pressure.on if pressure else False,
+            "pressure_episodes": pressure.episodes if pressure else 0,
+            **rt.decisions.summary()}

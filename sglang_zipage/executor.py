@@ -12,25 +12,26 @@ from __future__ import annotations
 import dataclasses
 import functools
 import time
+from typing import Optional
 
 import torch
 
 from sglang_zipage.compaction import S_MAX_ALIGN, CompactionPlan
 from sglang_zipage.kernels import compact_kv
 from sglang_zipage.own_prompt import SlotCopy
-from sglang_zipage.scoring import ScoringParams, select_and_compact
+from sglang_zipage.scoring import Queries, ScoringParams, select_and_compact
 
 
-def execute(plan: CompactionPlan, params: ScoringParams, q_window, kv, score_buffers,
-            sm_scale: float) -> None:
+def execute(plan: CompactionPlan, params: ScoringParams, queries: Optional[Queries], kv,
+            score_buffers, sm_scale: float) -> None:
     """Score, select and compact on the current stream; launches kernels only (C1).
 
-    q_window: [L, R, W, Hq, D], the plan's window rows (``QueryWindow.gather``); kv: the
-    buffers of the pool's layout (kv_layout). A windowless plan keeps each request's most
-    recent tokens (the ``recent`` selection) and ignores q_window."""
+    queries: the plan's (``Executor.queries``); kv: the buffers of the pool's layout
+    (kv_layout). A windowless plan keeps each request's most recent tokens (the ``recent``
+    selection) and ignores the queries."""
     if plan.windowless:
-        params, q_window = windowless(params), None
-    select_and_compact(params, q_window, kv, score_buffers, plan.src_slots, plan.src_lens,
+        params, queries = windowless(params), None
+    select_and_compact(params, queries, kv, score_buffers, plan.src_slots, plan.src_lens,
                        plan.n_stored, plan.first, sm_scale, plan.dst_slots, plan.k)
 
 
@@ -51,7 +52,7 @@ def windowless(params: ScoringParams) -> ScoringParams:
 
 class Executor:
     def __init__(self, params: ScoringParams, kv, window, score_buffer, sm_scale: float,
-                 queue, shadows, stats, device: torch.device):
+                 queue, shadows, stats, device: torch.device, calibrated=None):
         self.params = params
         self.kv = kv  # the pool's buffers, as the layout hands them over
         self.window = window
@@ -62,6 +63,7 @@ class Executor:
         self.shadows = shadows
         self.stats = stats
         self.device = device
+        self.calibrated = calibrated  # query_stats.DeviceQueries, or None (the window scores)
 
     def flush(self) -> None:
         """Before a forward, on its stream: window-table updates, in-place compactions
@@ -81,23 +83,27 @@ class Executor:
         self.shadows.wait_committed(stream)
         self.stats.launch_time(time.perf_counter() - t0)
 
-    def queries(self, plan):
-        """The plan's window rows (a copy), or None for a windowless plan or a copy."""
+    def queries(self, plan) -> Optional[Queries]:
+        """The plan's window rows (a copy), or the calibrated queries at its requests' next
+        positions; None for a windowless plan or a copy."""
         if isinstance(plan, SlotCopy) or plan.windowless:
             return None
-        return self.window.gather(plan.window_slots)
+        if self.calibrated is not None:
+            return self.calibrated.at(plan.positions)
+        return Queries(self.window.gather(plan.window_slots))
 
-    def run(self, plan, q_window, stream) -> None:
+    def run(self, plan, queries: Optional[Queries], stream) -> None:
         """One plan (or prompt copy, own_prompt.py) on ``stream`` (None: the CPU, now); its
         tensors stay alive until then."""
         if stream is not None:
-            for t in (*plan.tensors, q_window):
+            held = (queries.rows, queries.rope and queries.rope.positions) if queries else ()
+            for t in (*plan.tensors, *held):
                 if t is not None:
                     t.record_stream(stream)
         if isinstance(plan, SlotCopy):
             copy_slots(plan, self.kv)
         else:
-            execute(plan, self.params, q_window, self.kv, self._score_buffers, self.sm_scale)
+            execute(plan, self.params, queries, self.kv, self._score_buffers, self.sm_scale)
 
     def warm_up(self, page_size: int, copies: bool = False) -> None:
         """Compile the Triton kernels now, not in the middle of the first compaction
@@ -117,8 +123,9 @@ class Executor:
         plan = CompactionPlan(
             k=k, req_pool_indices=[0], window_slots=torch.zeros(1, dtype=torch.int64, device=dev),
             src_slots=slots, src_lens=torch.tensor([s], device=dev), dst_slots=slots[:, :k],
-            n_stored=torch.tensor([k], device=dev), first=torch.tensor([True], device=dev))
-        execute(plan, self.params, self.window.gather(plan.window_slots), scratch,
+            n_stored=torch.tensor([k], device=dev), first=torch.tensor([True], device=dev),
+            positions=torch.tensor([s]))
+        execute(plan, self.params, self.queries(plan), scratch,
                 scores if self.score_buffer is not None else None, self.sm_scale)
         if copies:  # --zipage-compress-prompt: the prompt copy's kernel variant too
             copy_slots(SlotCopy(slots[0, :k], slots[0, k:2 * k]), scratch)

@@ -5,7 +5,8 @@ Zipage keeps two buffers on the device beside SGLang's KV pool:
                   like the KV itself (none with --zipage-decay 0)
   query window    [layers, slots + 1, W, query heads, query width]: the last W decode queries
                   of the requests near a compaction (query_window.py); a cost per window slot,
-                  plus its table of each request row's slot (int64 per req_pool_idx)
+                  plus its table of each request row's slot (int64 per req_pool_idx); with
+                  the calibrated scorer none, and its query statistics instead (a fixed cost)
 SGLang profiles the memory it could give the pool (available_bytes) and sizes the pool from
 it, capped by the user's --max-total-tokens. Zipage's share is taken from that memory, capped
 pool or not: an uncapped pool shrinks by exactly what zipage keeps; a capped pool keeps its
@@ -20,8 +21,9 @@ Sizing rule (plain ints; ``plan``):
       pool takes no slots it cannot use
   M3  pool tokens + zipage's bytes / cell <= that memory: the pool shrinks only where the
       memory beside it cannot hold zipage's bytes
-  M4  a plan that cannot hold the global scores and one window slot is refused (``NoRoom``),
-      naming the bytes and the flags that change them
+  M4  a plan that cannot hold the global scores and one window slot (the calibrated
+      scorer: its statistics) is refused (``NoRoom``), naming the bytes and the flags that
+      change them
   M5  a plan M4 refuses with all of the device's memory is refused with any less: the share
       minus the scores of the pool SGLang sizes from the memory (share * m - score bytes per
       token * min(cap, m / cell)) is convex in m, so on [0, device] it is largest at an end,
@@ -57,6 +59,17 @@ class BufferShapes:
     query_width: int  # elements of one stored query row (head_dim; MLA: nope + rope)
     query_bytes: int  # element size of stored queries (the model dtype)
     global_scores: bool = True  # False with --zipage-decay 0
+    stats_queries: int = 0  # the calibrated scorer's queries per head (query_stats.py, in
+    # the model dtype on the device); then no query window: no slots, no table
+
+    @property
+    def query_window(self) -> bool:
+        return not self.stats_queries
+
+    @property
+    def stats_bytes(self) -> int:
+        return (self.scored_layers * self.stats_queries * self.query_heads * self.query_width
+                * self.query_bytes)
 
     def score_bytes(self, pool_tokens: int, page: int) -> int:
         if not self.global_scores:
@@ -64,16 +77,22 @@ class BufferShapes:
         return self.scored_layers * (pool_tokens + page) * self.kv_heads * SCORE_BYTES
 
     def slot_bytes(self, window: int) -> int:
+        if not self.query_window:
+            return 0
         return self.scored_layers * window * self.query_heads * self.query_width * self.query_bytes
+
+    def launch_query_bytes(self, window: int) -> int:
+        """The queries one request brings to a scoring launch: a copy of its window slot;
+        none with the calibrated scorer (the kernel rotates the shared rows as it reads them)."""
+        return self.slot_bytes(window)
 
     def window_bytes(self, slots: int, window: int) -> int:
         """The ring holds one dump row beside the slots (query_window.py)."""
         return (slots + 1) * self.slot_bytes(window) if slots else 0
 
-    @staticmethod
-    def table_bytes(max_running: int) -> int:
+    def table_bytes(self, max_running: int) -> int:
         """The slot of each req_pool_idx row (SGLang allocates max_running + 1), int64."""
-        return 8 * (max_running + 1)
+        return 8 * (max_running + 1) if self.query_window else 0
 
 
 @dataclass(frozen=True)
@@ -89,10 +108,11 @@ class MemoryPlan:
     table_bytes: int
     share: float
     slots_wanted: int  # M2's bound: what could be in flight
+    stats_bytes: int = 0  # the calibrated scorer's queries (no window then)
 
     @property
     def zipage_bytes(self) -> int:
-        return self.score_bytes + self.window_bytes + self.table_bytes
+        return self.score_bytes + self.window_bytes + self.table_bytes + self.stats_bytes
 
     @property
     def kv_pool_bytes(self) -> int:
@@ -125,8 +145,10 @@ class MemoryPlan:
                 f"{100 * self.zipage_bytes / max(1, self.available_bytes):.2f}% of the "
                 f"{self.available_bytes / MIB:.1f} MiB {SHARE_BASE} (cap {100 * self.share:g}%, "
                 f"--zipage-memory-fraction): global scores {self.score_bytes / MIB:.1f} MiB, "
-                f"query window {self.window_slots} slots x {self.slot_bytes / MIB:.2f} MiB "
-                f"({self.slots_wanted} could be in flight); {pool}")
+                + (f"query window {self.window_slots} slots x {self.slot_bytes / MIB:.2f} MiB "
+                   f"({self.slots_wanted} could be in flight)" if self.slot_bytes else
+                   f"no query window (calibrated scorer: statistics "
+                   f"{self.stats_bytes / MIB:.2f} MiB)") + f"; {pool}")
 
 
 def slots_wanted(pool_tokens: int, max_running: int, limit: int, window: int) -> int:
@@ -148,10 +170,13 @@ def plan(shapes: BufferShapes, *, stock_pool_tokens: int, cell_bytes: int, avail
     slot = shapes.slot_bytes(window)
     scores = shapes.score_bytes(stock_pool_tokens, page)
     table = shapes.table_bytes(max_running)
-    wanted = slots_wanted(stock_pool_tokens, max_running, limit, window)
-    fixed = scores + table
-    fit = (cap - fixed) // slot - 1 if cap > fixed else -1  # the ring's dump row counts
-    if fit < 1:
+    wanted = slots_wanted(stock_pool_tokens, max_running, limit, window) if slot else 0
+    fixed = scores + table + shapes.stats_bytes
+    if slot:
+        fit = (cap - fixed) // slot - 1 if cap > fixed else -1  # the ring's dump row counts
+    else:
+        fit = 0 if cap >= fixed else -1
+    if fit < 0 or (slot and fit < 1):
         raise NoRoom(_no_room(model, shapes, scores, table, slot, available_bytes, share,
                               window, stock_pool_tokens, base))
     slots = min(wanted, fit)
@@ -163,7 +188,7 @@ def plan(shapes: BufferShapes, *, stock_pool_tokens: int, cell_bytes: int, avail
                       window_slots=slots, slot_bytes=slot,
                       score_bytes=shapes.score_bytes(pool, page),
                       window_bytes=shapes.window_bytes(slots, window), table_bytes=table,
-                      share=share, slots_wanted=wanted)
+                      share=share, slots_wanted=wanted, stats_bytes=shapes.stats_bytes)
 
 
 def plan_before_start(shapes: BufferShapes, *, cell_bytes: int, device_bytes: int,
@@ -188,17 +213,22 @@ def share_needed(scores: int, slot: int, available_bytes: int) -> float:
 
 
 def _no_room(model, shapes, scores, table, slot, available, share, window, pool, base) -> str:
-    need = share_needed(scores + table, slot, available)
-    ways = [f"raise --zipage-memory-fraction to {_round_up(need)} or more",
-            f"lower --zipage-window (now {window})"]
+    need = share_needed(scores + table + shapes.stats_bytes, slot, available)
+    ways = [f"raise --zipage-memory-fraction to {_round_up(need)} or more"]
+    if slot:
+        ways.append(f"lower --zipage-window (now {window})")
     if scores:
         ways.append(f"pass --zipage-decay 0 (drops the global scores, {scores / MIB:.1f} MiB)")
+    if slot:
+        what = (f"the slot table {table / MIB:.2f} MiB and one query-window slot "
+                f"{slot / MIB:.2f} MiB ({shapes.scored_layers} layers x W {window} x "
+                f"{shapes.query_heads} query heads x {shapes.query_width})")
+    else:
+        what = f"the calibrated scorer's query statistics {shapes.stats_bytes / MIB:.2f} MiB"
     return (f"sglang-zipage cannot fit its buffers for {model} in --zipage-memory-fraction "
             f"{share:g} ({share * available / MIB:.1f} MiB) of the {available / MIB:.1f} MiB "
-            f"{base}: global scores take {scores / MIB:.1f} MiB ({pool} pool tokens), the slot "
-            f"table {table / MIB:.2f} MiB and one query-window slot {slot / MIB:.2f} MiB "
-            f"({shapes.scored_layers} layers x W {window} x {shapes.query_heads} query heads x "
-            f"{shapes.query_width}); " + ", ".join(ways) + ", or --zipage-disable")
+            f"{base}: global scores take {scores / MIB:.1f} MiB ({pool} pool tokens), {what}; "
+            + ", ".join(ways) + ", or --zipage-disable")
 
 
 def score_share(kv_row_bytes: int) -> float:

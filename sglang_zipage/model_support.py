@@ -54,7 +54,34 @@ def refusals(facts: dict, config: ZipageConfig, server_args) -> List[str]:
     bad += _memory_refusals(facts, config, server_args)
     if facts["hybrid_swa"] and config.async_compaction:
         bad.append(async_on_hybrid_swa(arch))
+    if config.scorer == "calibrated":
+        bad += _calibrated_refusals(facts, config, server_args.model_path)
     return bad
+
+
+def _calibrated_refusals(facts: dict, config: ZipageConfig, model_path: str) -> List[str]:
+    """--zipage-scorer calibrated needs the model's statistics, measured on this model."""
+    from sglang_zipage import calibrate
+    from sglang_zipage.query_stats import QueryStats
+
+    arch = facts["architecture"]
+    if facts["mla"]:
+        return [f"--zipage-scorer calibrated does not cover MLA models yet ({arch}); use "
+                f"--zipage-scorer window"]
+    path = calibrate.stats_file(config.query_stats, model_path)
+    make = calibrate.command(model_path, path)
+    if not path.is_file():
+        return [f"--zipage-scorer calibrated: no query statistics at {path}; make them with "
+                f"`{make}` (or pass --zipage-query-stats FILE)"]
+    try:
+        shape = tuple(QueryStats.load(str(path)).mean.shape)
+    except ValueError as e:
+        return [f"--zipage-query-stats: {e}"]
+    want = (facts["layers"], facts["query_heads"], facts["head_dim"])
+    if facts["head_dim"] and shape != want:
+        return [f"--zipage-scorer calibrated: {path} holds statistics of layers x query heads x "
+                f"head dim {shape}, {arch} has {want}; calibrate it: `{make}`"]
+    return []
 
 
 def _memory_refusals(facts: dict, config: ZipageConfig, server_args) -> List[str]:

@@ -124,7 +124,8 @@ class Planner:
         squeezed = 0
         for _, req, st, floor in sorted(candidates, key=lambda c: -c[0]):
             suffix = request_state.suffix_len(req, floor)
-            if (not st.has_window and suffix >= floor.trigger - floor.window
+            if (floor.window_scored and not st.has_window
+                    and suffix >= floor.trigger - floor.window
                     and not self.policy.take_window(req, st)):
                 continue
             st.squeeze(floor.kv_budget)
@@ -185,17 +186,19 @@ class Planner:
         """A compaction of the request's suffix down to ``kept`` (``tail``: answer columns
         after it, segments.py): scored with its window, or windowless when it holds no slot
         (budget W2) or cannot wait for it (room.py)."""
-        slot = self.window.slot_of(req.req_pool_idx) if st.has_window and not windowless else 0
+        windowless = self.budgets.server.window_scored and (windowless or not st.has_window)
+        slot = 0 if windowless or not st.has_window else self.window.slot_of(req.req_pool_idx)
         return CompactionItem(req.req_pool_idx, st.c0, suffix, st.n_stored,
                               st.n_stored == 0,  # first since (re)prefill
-                              slot, kept, tail=tail)
+                              slot, kept, tail=tail, windowless=windowless,
+                              position=req.kv_committed_len + st.pos_offset)
 
     def _window_done(self, req) -> None:
         """Its compaction is planned (it read the window at plan time): the slot goes back for
         the requests nearing their limits, or, where its next window starts within W tokens,
         it keeps one and refills it from now (budget W1). A windowless one is counted."""
         st = req.zipage
-        if not st.has_window:
+        if not st.has_window and self.budgets.server.window_scored:
             self.stats.windowless()
         budget = self.budgets.budget_of(req)
         if budget is not None and budget.keeps_window and st.answer_col is None:
@@ -231,9 +234,9 @@ class Planner:
         allocator = batch.token_to_kv_pool_allocator
         req_of = {it.req_pool_idx: batch.reqs[i] for it, i in zip(items, rows)}
         # one launch group per kept count, windowless ones apart (executor.execute)
-        for k, windowless in sorted({(it.kv_budget, it.window_slot == 0) for it in items}):
+        for k, windowless in sorted({(it.kv_budget, it.windowless) for it in items}):
             for chunk in self._launch_groups([it for it in items if it.kv_budget == k
-                                              and (it.window_slot == 0) == windowless]):
+                                              and it.windowless == windowless]):
                 plan, surplus = plan_compaction(r2t, chunk, k, self.page_size)
                 self.layout.remap_window(r2t, chunk, k, allocator,
                                          [req_of[it.req_pool_idx] for it in chunk])

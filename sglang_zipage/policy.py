@@ -139,7 +139,7 @@ class StepPolicy:
             return True
         moved = self.own_prompt.take(req, st, batch)
         st.asked_for_prompt(later=moved is None)
-        if (moved and not st.has_window
+        if (moved and budget.window_scored and not st.has_window
                 and budget.trigger - budget.window <= req.kv_committed_len - st.c0):
             # its own prompt put it past its window's start: the window fills from here,
             # and its compaction waits for it (else W2, windowless)

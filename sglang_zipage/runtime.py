@@ -4,7 +4,8 @@ It sets the parts up once the KV pool exists (``attach``) and hands every call t
 that owns the job:
   memory.py       the buffers' share of the KV pool, planned before the pool is allocated
   kv_layout       how the pool holds a token (what the window stores, what scoring reads)
-  query_window.py the last W decode queries of the requests near a compaction
+  query_window.py the last W decode queries of the requests near a compaction, or
+  query_stats.py  the calibrated scorer's queries, which need no per-request state
   policy.py       each request's budget and its decision at a decode step
   planner.py      the plans of a decode step (fixed, elastic, pressure; room.py on demand)
   admission.py    what SGLang's admission sets aside for the running requests
@@ -16,14 +17,13 @@ Duck-types SGLang objects (ScheduleBatch, Req, ModelRunner) and never imports sg
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import time
 from typing import Optional
 
 import torch
 
-from sglang_zipage import kv_layout, memory, request_state
+from sglang_zipage import kv_layout, memory, request_state, scorer
 from sglang_zipage.admission import Admission
 from sglang_zipage.budget import Budget, Budgets, floor_page
 from sglang_zipage.config import ZipageConfig
@@ -33,7 +33,7 @@ from sglang_zipage.executor import Executor
 from sglang_zipage.own_prompt import OwnPrompt
 from sglang_zipage.planner import MAX_REQS_PER_LAUNCH, QUERY_SCRATCH_BYTES, Planner
 from sglang_zipage.policy import RequestBudgets, StepPolicy
-from sglang_zipage.query_window import QueryWindow
+from sglang_zipage.query_stats import QueryStats
 from sglang_zipage.repetition import LoopGuard
 from sglang_zipage.scoring import ScoringParams
 from sglang_zipage.segments import Segments
@@ -55,12 +55,19 @@ class ZipageRuntime:
         self.decisions = DecisionLog()  # identical on every tensor-parallel rank
         self.shadows = ShadowCompactions(0, torch.device("cpu"))  # --zipage-async (attach)
         self.memory_plan: Optional[memory.MemoryPlan] = None
+        self.query_stats: Optional[QueryStats] = None  # the calibrated scorer's (scorer.py)
         self.kv_memory_bytes: Optional[int] = None  # what SGLang sizes the pool from
         self.layout = self.window = self.planner = self.executor = None  # set by attach
         self.budgets = self.admission = None  # set by attach
         self.memory_bytes, self.warm_up_s = 0, None
 
     # ------------------------------------------------------------ setup
+    def stats_queries(self, model_path: str) -> int:
+        """The calibrated scorer's queries per head (its statistics, loaded once), or 0."""
+        if self.query_stats is None:
+            self.query_stats = scorer.load_stats(self.config, model_path)
+        return self.query_stats.centroids.shape[2] if self.query_stats is not None else 0
+
     def plan_memory(self, shapes, *, stock_pool_tokens: int, cell_bytes: int,
                     available_bytes: int, max_running: int, page: int, model: str):
         """Before SGLang allocates the pool: size the window and the global scores inside
@@ -94,20 +101,23 @@ class ZipageRuntime:
         self.ring_rows = self.layout.ring_rows()
         layers, kv_heads = len(kv.keys), keys.shape[1]
         shapes = memory.BufferShapes(layers, kv_heads, query.heads, query.width,
-                                     model_runner.dtype.itemsize, cfg.decay > 0)
+                                     model_runner.dtype.itemsize, cfg.decay > 0,
+                                     self.stats_queries(model_runner.server_args.model_path))
         plan = self.memory_plan
         if plan is None or shapes != self.buffer_shapes:
             raise RuntimeError(f"sglang-zipage: the KV pool was sized without zipage's "
                                f"buffers ({shapes} vs {getattr(self, 'buffer_shapes', None)})")
         self.stats.graph_max_bs = decode_graph_max_bs(model_runner.server_args, device)
-        rows = model_runner.req_to_token_pool.req_to_token.shape[0]
-        window = QueryWindow(layers, plan.window_slots, rows, cfg.window, query.heads,
-                             query.width, model_runner.dtype, device)
+        window, calibrated = scorer.build(cfg, model_runner, self.layout, self.query_stats,
+                                          plan.window_slots)
+        if calibrated is not None:  # the forward stores no query
+            self.ring_rows = [-1] * len(self.ring_rows)
         score_buffer = None
         if cfg.decay > 0:
             score_buffer = torch.zeros((layers, keys.shape[0], kv_heads), dtype=torch.float32,
                                        device=device)
-        self.memory_bytes = window.nbytes + (score_buffer.numel() * 4 if score_buffer is not None else 0)
+        self.memory_bytes = (window.nbytes + (calibrated.nbytes if calibrated else 0)
+                             + (score_buffer.numel() * 4 if score_buffer is not None else 0))
         if self.memory_bytes > plan.zipage_bytes:  # M1 holds by construction; say if not
             logger.warning("zipage: buffers take %d bytes, %d more than planned",
                            self.memory_bytes, self.memory_bytes - plan.zipage_bytes)
@@ -138,9 +148,10 @@ class ZipageRuntime:
             # elastic mode: once room is short, compact until this much more is free
             headroom=max(page, model_runner.max_total_num_tokens // 32 // page * page),
             # scoring gathers a launch's window rows at once: at most QUERY_SCRATCH_BYTES
-            launch_cap=max(1, min(MAX_REQS_PER_LAUNCH, QUERY_SCRATCH_BYTES // plan.slot_bytes)))
+            launch_cap=max(1, min(MAX_REQS_PER_LAUNCH, QUERY_SCRATCH_BYTES
+                                  // max(1, shapes.launch_query_bytes(cfg.window)))))
         self.executor = Executor(self.params, kv, window, score_buffer, query.scale,
-                                 pending, self.shadows, self.stats, device)
+                                 pending, self.shadows, self.stats, device, calibrated)
         t0 = time.perf_counter()
         if device.type == "cuda":
             self.executor.warm_up(page, copies=own_prompt is not None)
@@ -278,21 +289,7 @@ class ZipageRuntime:
 
     # ------------------------------------------------------------ report
     def report(self, running_reqs=()) -> dict:
-        compressed = sum(1 for r in running_reqs
-                         if getattr(r, "zipage", None) is not None and r.zipage.compactions)
-        pressure = self.planner.pressure if self.planner else None
-        return {"config": dataclasses.asdict(self.config), "active": self.ready,
-                "layout": self.layout.describe() if self.ready else None,
-                "budget_limit_tokens": self.budget.limit if self.budget else None,
-                "memory_bytes": self.memory_bytes, "warm_up_s": self.warm_up_s,
-                "memory": self.memory_plan.describe() if self.memory_plan else None,
-                "running_compressed_requests": compressed,
-                "running_squeezed_requests": sum(
-                    1 for r in running_reqs if getattr(r, "zipage", None) is not None
-                    and r.zipage.squeezed_to is not None),
-                "free_window_slots": self.window.free_slots if self.window else None,
-                "window_slots": self.window.num_slots if self.window else None,
-                "shadow_tokens_held": self.shadows.held, **self.stats.snapshot(),
-                "elastic_pressure": pressure.on if pressure else False,
-                "pressure_episodes": pressure.episodes if pressure else 0,
-                **self.decisions.summary()}
+        """/server_info's zipage state (counters.server_info)."""
+        from sglang_zipage.counters import server_info
+
+        return server_info(self, running_reqs)

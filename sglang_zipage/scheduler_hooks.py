@@ -36,7 +36,8 @@ def pool_makes_room(original, kvc, *args, **kwargs):
     arch = (kvc.model_config.hf_config.architectures or ["this model"])[0]
     shapes = kv_layout.buffer_shapes(kvc.model, mla=bool(kvc.use_mla_backend),
                                      dtype_bytes=kvc.model_dtype.itemsize,
-                                     global_scores=RUNTIME.config.decay > 0)
+                                     global_scores=RUNTIME.config.decay > 0,
+                                     stats_queries=RUNTIME.stats_queries(kvc.server_args.model_path))
     stock = config.max_total_num_tokens
     try:
         plan = RUNTIME.plan_memory(

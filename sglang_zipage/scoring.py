@@ -32,7 +32,7 @@ Imports torch and sglang_zipage.kernels only.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional, Sequence, Tuple
+from typing import NamedTuple, Optional, Sequence, Tuple
 
 import torch
 import torch.nn.functional as F
@@ -41,9 +41,20 @@ from sglang_zipage.config import ZipageConfig, scoring_problems
 from sglang_zipage.kv_layout.base import LayerKV
 from sglang_zipage.kernels import (compact_kv, global_scores, protect_ref, select_topk,
                                    window_attention_scores)
-from sglang_zipage.kernels.reference import dequantize_keys, valid_positions
+from sglang_zipage.kernels.reference import Rope, dequantize_keys, valid_positions
 
 _DEFAULT = ZipageConfig()  # the settings' defaults live in config.py
+
+
+class Queries(NamedTuple):
+    """What scores a compaction's tokens: rows [L, R, W, Hq, D] in the model dtype (D: the
+    stored width; kv.absorb turns MLA's compact rows into absorbed queries). The window
+    scorer's are its requests' last W post-RoPE decode queries (rope None); the calibrated
+    scorer's are the same pre-RoPE rows for every request (an expanded view), which
+    ``rope`` rotates to each request's next position inside the kernel."""
+
+    rows: torch.Tensor
+    rope: Optional[Rope] = None
 
 
 @dataclass(frozen=True)
@@ -90,25 +101,32 @@ def absorb_queries(q: torch.Tensor, weight: torch.Tensor, scale, rope_dim: int) 
 ABSORB_SCRATCH_BYTES = 64 << 20  # absorbed queries held at once (MLA: layers per launch)
 
 
-def attention_scores(q_window: torch.Tensor, kv: LayerKV, src_slots: torch.Tensor,
+def attention_scores(queries: Queries, kv: LayerKV, src_slots: torch.Tensor,
                      src_lens: torch.Tensor, sm_scale: float) -> torch.Tensor:
     """Stage 1 over the scored layers: [L, R, Hkv, S_max]. A compact MLA window is absorbed
-    a few layers at a time, so the absorbed copy stays within ABSORB_SCRATCH_BYTES."""
+    a few layers at a time, so the absorbed copy stays within ABSORB_SCRATCH_BYTES; calibrated
+    rows, the same for every request, are absorbed once and expanded (their rope part moves
+    to the end of the latent row)."""
+    rows, rope = queries
     if kv.absorb is None:
-        return window_attention_scores(q_window, kv.keys, src_slots, src_lens, sm_scale,
-                                       kv.key_dtype, kv.key_scales)
-    n_layers = q_window.shape[0]
+        return window_attention_scores(rows, kv.keys, src_slots, src_lens, sm_scale,
+                                       kv.key_dtype, kv.key_scales, rope)
+    n_layers, n_req = rows.shape[:2]
     width = kv.keys[0].shape[-1]
-    per_layer = q_window[0].numel() // q_window.shape[-1] * width * q_window.element_size()
+    if rope is not None:
+        rows, rope = rows[:, :1], rope._replace(start=width - kv.absorb.rope_dim)
+    per_layer = rows[0].numel() // rows.shape[-1] * width * rows.element_size()
     step = max(1, ABSORB_SCRATCH_BYTES // max(1, per_layer))
     out = []
     for lo in range(0, n_layers, step):
         hi = min(n_layers, lo + step)
-        q = torch.stack([absorb_queries(q_window[l], *kv.absorb.weights[l], kv.absorb.rope_dim)
+        q = torch.stack([absorb_queries(rows[l], *kv.absorb.weights[l], kv.absorb.rope_dim)
                          for l in range(lo, hi)])
+        if rope is not None:
+            q = q.expand(-1, n_req, -1, -1, -1)
         scales = kv.key_scales[lo:hi] if kv.key_scales is not None else None
         out.append(window_attention_scores(q, kv.keys[lo:hi], src_slots, src_lens, sm_scale,
-                                           kv.key_dtype, scales))
+                                           kv.key_dtype, scales, rope))
     return torch.cat(out) if len(out) > 1 else out[0]
 
 
@@ -149,7 +167,7 @@ def redundancy(
 
 def score_tokens(
     params: ScoringParams,
-    q_window: torch.Tensor,
+    queries: Optional[Queries],
     kv: LayerKV,
     score_buffers: Optional[Sequence[torch.Tensor]],
     src_slots: torch.Tensor,
@@ -162,9 +180,8 @@ def score_tokens(
 
     Args:
         params: ScoringParams.
-        q_window: [L, R, W, Hq, D] model dtype, post-RoPE queries of the last W steps (D:
-            the stored width; kv.absorb turns MLA's compact rows into absorbed queries), or
-            None: no queries (a compaction without a window slot), attention 0.
+        queries: Queries (the window's or the calibrated scorer's), or None: no queries (a
+            compaction without a window slot), attention 0.
         kv: LayerKV; its L scored layers' keys are read.
         score_buffers: L tensors [slots, Hkv] float32 of stored global scores, or None.
         src_slots: [R, S_max] int64 slot ids in sequence order (padding past src_lens).
@@ -178,11 +195,11 @@ def score_tokens(
         select_topk ranks (+inf protected, -inf padding); global_score is g, to be
         stored for kept tokens.
     """
-    if q_window is None:  # compacted without a window (memory.py): no attention term
+    if queries is None:  # compacted without a window (memory.py): no attention term
         attention = torch.zeros((len(kv.keys), *src_slots.shape[:1], kv.keys[0].shape[1],
                                  src_slots.shape[1]), dtype=torch.float32, device=src_slots.device)
     else:
-        attention = attention_scores(q_window, kv, src_slots, src_lens, sm_scale)
+        attention = attention_scores(queries, kv, src_slots, src_lens, sm_scale)
     # stages 2, 3 and 5 in one pass (the kernel's final is g, protected)
     final, g = global_scores(attention, score_buffers, src_slots, src_lens, n_stored, first,
                              params.pooling, params.decay, params.sink, params.window)
@@ -241,7 +258,7 @@ def in_place_order(keep: torch.Tensor, tail: int) -> torch.Tensor:
 
 def select_and_compact(
     params: ScoringParams,
-    q_window: torch.Tensor,
+    queries: Optional[Queries],
     kv: LayerKV,
     score_buffers: Optional[Sequence[torch.Tensor]],
     src_slots: torch.Tensor,
@@ -262,7 +279,7 @@ def select_and_compact(
     hold their newest k tokens, in order.
     """
     final, g = score_tokens(
-        params, q_window, kv, score_buffers, src_slots, src_lens, n_stored, first, sm_scale
+        params, queries, kv, score_buffers, src_slots, src_lens, n_stored, first, sm_scale
     )
     keep = select_topk(final, k)
     if params.selection != "recent" and params.redundancy != "lightning":

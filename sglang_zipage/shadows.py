@@ -71,10 +71,9 @@ class ShadowCompactions:
         """Plan one step's asynchronous compactions, one launch per kept count (windowless
         ones apart), each suffix cut to whole pages (I2); yields each planned group of
         (req, item). A group that finds no fresh slots (``alloc`` None) retries next step."""
-        for k, windowless in sorted({(it.kv_budget, it.window_slot == 0) for _, it in shadows}):
+        for k, windowless in sorted({(it.kv_budget, it.windowless) for _, it in shadows}):
             group = [(req, dataclasses.replace(it, suffix=it.suffix // page_size * page_size))
-                     for req, it in shadows
-                     if it.kv_budget == k and (it.window_slot == 0) == windowless]
+                     for req, it in shadows if it.kv_budget == k and it.windowless == windowless]
             group = [(req, it) for req, it in group if it.suffix > k][:launch_cap]
             fresh = alloc(k * len(group)) if group else None
             if fresh is None:
@@ -123,22 +122,22 @@ class ShadowCompactions:
     def launch_all(self, run, queries, stats, forward_stream) -> None:
         """Start the planned launches. The side stream waits for the forwards issued so far
         (they wrote the snapshots' last tokens and queries) and reads a copy of the window
-        rows taken now (the next forwards overwrite the ring). ``run(plan, q_window, stream)``
+        rows taken now (the next forwards overwrite the ring). ``run(plan, queries, stream)``
         executes a plan (executor.py); on the CPU it runs now, in order."""
         launches, self.launches = self.launches, []
         for launch in launches:
             plan = launch.plan
-            q_window = queries(plan)  # a copy, on the forward stream
+            q = queries(plan)  # window rows: a copy, on the forward stream
             if forward_stream is None:
                 t0 = time.perf_counter()
-                run(plan, q_window, None)
+                run(plan, q, None)
                 stats.span_end(None, None, t0)
             else:
                 side = self.side_stream
                 side.wait_stream(forward_stream)
                 with torch.cuda.stream(side):
                     span = stats.span_start(side)
-                    run(plan, q_window, side)
+                    run(plan, q, side)
                     stats.span_end(span, side, 0.0)
                     launch.done = torch.cuda.Event()
                     launch.done.record(side)

@@ -11,8 +11,12 @@ Sources (both public, both offline once fetched with their registry's ordinary c
   .venv/bin/python benchmarks/fidelity/build_texts.py \
       --jargon-deb jargon-text_4.4.7-4.1_all.deb --champ-wheel champ_dataset-1.0.0-py3-none-any.whl
 
-Writes texts/texts.json (the teacher-forced texts, see TEXTS.md) and
-texts/champ_numeric.jsonl (CHAMP problems whose answer is a number, for math_eval.py).
+Writes texts/texts.json (the teacher-forced texts, see TEXTS.md),
+texts/champ_numeric.jsonl (CHAMP problems whose answer is a number, for math_eval.py) and
+sglang_zipage/calibration_texts.json: the texts the calibrated scorer's query statistics are
+computed over (sglang_zipage/calibrate.py), disjoint from both: Jargon lexicon entries (the
+benchmark uses essays only), CHAMP problems in neither file, and Python standard-library
+source (code, for the domain check; the running interpreter's files).
 """
 
 from __future__ import annotations
@@ -51,6 +55,12 @@ JARGON_SECTIONS = [
 ]
 CHAMP_CATEGORIES = ["Combinatorics", "Number-Theory", "Inequality", "Polynomial", "Sequence"]
 MIN_CHARS = 7000  # about 1.6k tokens of SmolLM2's tokenizer for English
+CALIBRATION_CHARS = 24000  # per domain: about 5-8k tokens
+CALIBRATION_OUT = os.path.join(HERE, "..", "..", "sglang_zipage", "calibration_texts.json")
+PSF_LICENCE = ("PSF License Agreement (Python Software Foundation License Version 2): the "
+               "source of Python's standard library, copied from the interpreter that ran "
+               "build_texts.py")
+CODE_MODULES = ("textwrap", "heapq", "bisect")
 
 
 def fetch(args):
@@ -154,6 +164,34 @@ def champ_texts(wheel: str):
     return texts, numeric
 
 
+def calibration_texts(deb: str, wheel: str, used_champ: set):
+    """One text per domain, disjoint from the benchmark's: prose, math, code."""
+    lines = read_jargon(deb).replace("\u00a0", " ").split("\n")
+    start = next(i for i, l in enumerate(lines) if l.startswith("   :(TM):"))
+    prose, end = "", start
+    while len(prose) < CALIBRATION_CHARS:
+        end += 200
+        prose = reflow("\n".join(lines[start:end]))
+    parts, ids = [], []
+    for p in read_champ(wheel).values():
+        if p["identifier"] in used_champ or sum(map(len, parts)) >= CALIBRATION_CHARS:
+            continue
+        parts.append(champ_entry(len(parts) + 1, p))
+        ids.append(p["identifier"])
+    import importlib
+    import inspect
+    code = "\n\n".join(inspect.getsource(importlib.import_module(m)) for m in CODE_MODULES)
+    return [
+        dict(id="prose", source=f"Jargon File 4.4.7, lexicon entries (lines {start}-{end})",
+             licence=JARGON_LICENCE, text=prose),
+        dict(id="math", source="CHAMP 1.0.0 " + ", ".join(ids), licence=CHAMP_LICENCE,
+             text="\n\n".join(parts)),
+        dict(id="code", source="Python standard library: " + ", ".join(
+            f"{m}.py" for m in CODE_MODULES), licence=PSF_LICENCE,
+             text=code[:CALIBRATION_CHARS]),
+    ]
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--jargon-deb")
@@ -168,9 +206,16 @@ def main():
     with open(os.path.join(OUT_DIR, "champ_numeric.jsonl"), "w") as f:
         for r in numeric:
             f.write(json.dumps(r, ensure_ascii=False) + "\n")
+    used = {i for t in math for i in t["source"].split(" ", 2)[2].split(", ")}
+    used |= {r["id"] for r in numeric}
+    calibration = calibration_texts(args.jargon_deb, args.champ_wheel, used)
+    with open(CALIBRATION_OUT, "w") as f:
+        json.dump(calibration, f, indent=1, ensure_ascii=False)
     for t in texts + math:
         print(f"{t['id']:28s} {len(t['text']):6d} chars  {t['title']}")
     print(f"{len(numeric)} numeric-answer problems")
+    for t in calibration:
+        print(f"calibration {t['id']:8s} {len(t['text']):6d} chars  {t['source'][:60]}")
 
 
 if __name__ == "__main__":

@@ -54,6 +54,13 @@ VARIANTS = {
                dict(decay=0.0, pooling=1, redundancy="none"), "random"),
     "recent": ("control: keep only the most recent tokens",
                dict(decay=0.0, pooling=1, redundancy="none"), "recent"),
+    # the calibrated scorer (issue 46): the model's query statistics (the bundled model's
+    # shipped file, the same in the engine and the HF reference), no query window
+    "calibrated": ("calibrated scorer: query statistics, no stored queries",
+                   dict(decay=0.0, pooling=1, redundancy="none", scorer="calibrated"), "score"),
+    "calibrated+decay": ("calibrated scorer + global score, decay 0.8",
+                         dict(decay=0.8, pooling=1, redundancy="none", scorer="calibrated"),
+                         "score"),
     # extras, not in the presets
     "default": ("the engine's defaults: decay 0.8, pooling 5, no redundancy",
                 dict(decay=0.8, pooling=5, redundancy="none"), "score"),
@@ -462,7 +469,9 @@ def main(argv=None):
     if not args.skip_hf:
         import torch
         from sglang_zipage.harness.fidelity.hf_reference import HFReference
+        from sglang_zipage.calibrate import stats_file
         from sglang_zipage.harness.fidelity.selection import Eviction
+        from sglang_zipage.query_stats import QueryStats
 
         if args.hf_threads or args.hf_device == "cpu":
             torch.set_num_threads(args.hf_threads or 1)
@@ -474,6 +483,7 @@ def main(argv=None):
         noise_budgets = [f for f in args.budgets if abs(f - 0.25) < 1e-9] or args.budgets
         for impl, dtype, variants in passes:
             ref = HFReference(model_path, dtype=getattr(torch, dtype), device=args.hf_device)
+            ref.query_stats = QueryStats.load(str(stats_file(None, model_path)))  # as the engine
             runs_by_impl[impl] = {}
             budgets = args.hf_budgets if impl == "hf" else noise_budgets
             plan = [(None, None)] + [(f, v) for f in budgets for v in variants]

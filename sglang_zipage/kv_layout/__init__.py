@@ -33,7 +33,7 @@ from __future__ import annotations
 from sglang_zipage.kv_layout.base import (DISABLE_HINT, FP8_DTYPES, KVLayout, LayerKV, QueryAbsorption,
                                           QueryShape, ZipageUnsupported, architecture,
                                           async_on_hybrid_swa, attention_layers, below_window,
-                                          uniform_query, window_of)
+                                          rope_of, uniform_query, window_of)
 from sglang_zipage.kv_layout.hybrid_swa import HybridSWALayout
 from sglang_zipage.kv_layout.mha import MHALayout
 from sglang_zipage.kv_layout.mla import MLALayout, mla_modules, mla_parents, mla_query
@@ -41,7 +41,7 @@ from sglang_zipage.memory import BufferShapes
 
 __all__ = ["detect", "buffer_shapes", "KVLayout", "LayerKV", "QueryAbsorption", "QueryShape",
            "ZipageUnsupported", "MHALayout", "MLALayout", "HybridSWALayout", "FP8_DTYPES",
-           "DISABLE_HINT", "below_window", "async_on_hybrid_swa"]
+           "DISABLE_HINT", "below_window", "async_on_hybrid_swa", "rope_of"]
 
 
 def detect(model_runner, kv_budget: int, async_compaction: bool = False,
@@ -70,7 +70,8 @@ def detect(model_runner, kv_budget: int, async_compaction: bool = False,
     return layout
 
 
-def buffer_shapes(model, *, mla: bool, dtype_bytes: int, global_scores: bool) -> BufferShapes:
+def buffer_shapes(model, *, mla: bool, dtype_bytes: int, global_scores: bool,
+                  stats_queries: int = 0) -> BufferShapes:
     """What the query window and the global scores need per slot, from the model's
     attention modules (the pool does not exist yet): the scored layers, their KV heads,
     query heads and the stored query width, as the layout built on the pool will have them."""
@@ -88,4 +89,4 @@ def buffer_shapes(model, *, mla: bool, dtype_bytes: int, global_scores: bool) ->
         layers, kv_heads = len(scored), scored[0].tp_k_head_num
     return BufferShapes(scored_layers=layers, kv_heads=kv_heads, query_heads=query.heads,
                         query_width=query.width, query_bytes=dtype_bytes,
-                        global_scores=global_scores)
+                        global_scores=global_scores, stats_queries=stats_queries)

@@ -97,6 +97,9 @@ class KVLayout:
     # may start inside the prompt (own_prompt.py); False where the window remap assumes the
     # compressed span ends the request (hybrid SWA).
     spans_anywhere: bool = True
+    # Where the rotary dims of a stored query row begin (the calibrated scorer rotates them);
+    # None where its rows are not pre-absorption queries (MLA's whole absorbed window).
+    rope_start: Optional[int] = 0
 
     def stash(self, layer_id: int, q_nope: torch.Tensor) -> None:
         """The model split an MLA query before absorbing it (MLA only; others: nothing)."""
@@ -136,6 +139,27 @@ def attention_layers(model) -> Dict[int, list]:
         if hasattr(m, "tp_q_head_num") and hasattr(m, "scaling") and hasattr(m, "layer_id"):
             out.setdefault(m.layer_id, []).append(m)
     return out
+
+
+def rope_of(model, layers: Sequence[int]) -> Tuple[torch.Tensor, bool]:
+    """(cos_sin_cache [positions, R], neox) of the rotary embedding the attention modules of
+    ``layers`` apply (SGLang's RotaryEmbedding, held beside the layer's RadixAttention): what
+    the calibrated scorer rotates its queries with. One table for all of them, or refused."""
+    found = {}
+    for module in model.modules():
+        rope = getattr(module, "rotary_emb", None)
+        if rope is None or not hasattr(rope, "cos_sin_cache"):
+            continue
+        for child in module.children():
+            if getattr(child, "layer_id", None) in layers and hasattr(child, "tp_q_head_num"):
+                found[child.layer_id] = rope
+    ropes = {id(r): r for r in found.values()}
+    if set(found) != set(layers) or len(ropes) != 1:
+        raise ZipageUnsupported(f"the calibrated scorer needs one rotary embedding table for "
+                                f"the scored layers; found {len(ropes)} for layers "
+                                f"{sorted(found)[:8]}; use --zipage-scorer window")
+    rope = ropes.popitem()[1]
+    return rope.cos_sin_cache, bool(rope.is_neox_style)
 
 
 def window_of(attn) -> int:

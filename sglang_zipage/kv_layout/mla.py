@@ -45,6 +45,7 @@ class MLALayout(KVLayout):
             absorb = QueryAbsorption([_absorption_weight(parents[l]) for l in self.scored_layers],
                                      self.rope_dim)
             self.name = "mla-compact"
+        self.rope_start = self.nope_dim if absorb is not None else None
         self.kv = LayerKV(keys=list(pool.kv_buffer), values=None, key_dtype=key_dtype,
                           key_scales=scales, absorb=absorb)
         self._nope: Dict[int, torch.Tensor] = {}  # layer id -> this forward's q_nope

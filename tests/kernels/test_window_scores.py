@@ -15,7 +15,12 @@ import pytest
 import torch
 
 from kv_cases import device, make_pool
-from sglang_zipage.kernels import ENV_BACKEND, window_attention_scores, window_attention_scores_ref
+from sglang_zipage.kernels import (
+    ENV_BACKEND,
+    Rope,
+    window_attention_scores,
+    window_attention_scores_ref,
+)
 from sglang_zipage.kernels import scores as scores_mod
 
 CUDA = torch.cuda.is_available()
@@ -65,6 +70,39 @@ def test_scores_match_twin_bf16(g, d):
     torch.testing.assert_close(
         scores_mod.window_attention_scores(*args), window_attention_scores_ref(*args), **TOL[torch.bfloat16]
     )
+
+
+def rope_table(rot, positions=512, scale=1.0):
+    """A model's cos | sin table [positions, rot] (scaled as YaRN's mscale scales it)."""
+    inv_freq = 1.0 / 10000 ** (torch.arange(0, rot, 2).float() / rot)
+    angles = torch.arange(positions).float()[:, None] * inv_freq[None, :]
+    return (torch.cat([angles.cos(), angles.sin()], -1) * scale).to(device())
+
+
+ROPE_CASES = [
+    # (G, Hkv, D, dtype, neox, start, rot): MHA with full and partial rotary dims, both pair
+    # styles; MLA's latent row (one KV head, 576 wide, the last 64 dims rotate)
+    (4, 2, 64, torch.float32, True, 0, 64),
+    (3, 2, 64, torch.float16, False, 0, 64),
+    (2, 2, 128, torch.float32, True, 32, 64),
+    (4, 1, 576, torch.float32, False, 512, 64),
+]
+
+
+@pytest.mark.parametrize("g,hkv,d,dtype,neox,start,rot", ROPE_CASES)
+def test_pre_rope_queries_are_rotated_per_request_as_the_twin_does(g, hkv, d, dtype, neox,
+                                                                  start, rot):
+    lens = [9, 70, 150]
+    pool = make_pool(lens, hkv=hkv, d=d, dtype=dtype, page_size=16)
+    shared = make_queries(pool, 2, 16, g, dtype)[:, :1]  # one set of queries for all requests
+    q = shared.expand(-1, len(lens), -1, -1, -1)
+    rope = Rope(rope_table(rot, scale=1.2), torch.tensor([9, 300, 511], device=device()),
+                start, neox)
+    args = (q, pool.k, pool.src_slots, pool.src_lens, d**-0.5, None, None, rope)
+    got = scores_mod.window_attention_scores(*args)
+    torch.testing.assert_close(got, window_attention_scores_ref(*args), **TOL[dtype])
+    unrotated = window_attention_scores_ref(q, pool.k, pool.src_slots, pool.src_lens, d**-0.5)
+    assert not torch.allclose(got, unrotated, **TOL[dtype])  # the rotation is not a no-op
 
 
 def test_scores_do_not_depend_on_launch_shape():

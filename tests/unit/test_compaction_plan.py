@@ -13,7 +13,7 @@ from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool, ReqToTokenPool
 from sglang_zipage.compaction import S_MAX_ALIGN, CompactionItem, commit_shadow, plan_compaction
 from sglang_zipage.executor import execute
 from sglang_zipage.kv_layout import LayerKV
-from sglang_zipage.scoring import ScoringParams
+from sglang_zipage.scoring import Queries, ScoringParams
 
 LAYERS, KV_HEADS, Q_HEADS, DIM, W = 2, 2, 4, 8, 4
 
@@ -80,7 +80,7 @@ def test_execute_keeps_window_and_leaves_other_slots_untouched(page):
     item = CompactionItem(1, c0, n - c0, 0, True, 1, k)
     plan, _ = plan_compaction(r2t.req_to_token, [item], k, page)
     ring = torch.randn((LAYERS, 3, W, Q_HEADS, DIM), generator=g)
-    execute(plan, ScoringParams(window=W, decay=0.0), ring[:, plan.window_slots], LayerKV(pool.k_buffer, pool.v_buffer),
+    execute(plan, ScoringParams(window=W, decay=0.0), Queries(ring[:, plan.window_slots]), LayerKV(pool.k_buffer, pool.v_buffer),
             None, DIM ** -0.5)
 
     row = r2t.req_to_token[1].long()
@@ -116,7 +116,7 @@ def test_shadow_compaction_reads_like_in_place_and_keeps_the_tail(page):
         free_before = alloc.available_size()
         if mode == "in_place":
             plan, surplus = plan_compaction(r2t.req_to_token, [item], k, page)
-            execute(plan, params, ring[:, plan.window_slots], LayerKV(pool.k_buffer, pool.v_buffer),
+            execute(plan, params, Queries(ring[:, plan.window_slots]), LayerKV(pool.k_buffer, pool.v_buffer),
                     None, DIM ** -0.5)
             # the tail would have been decoded after the compaction, behind the kept tokens
             tail_src = row_before[snap:snap + tail]
@@ -126,7 +126,7 @@ def test_shadow_compaction_reads_like_in_place_and_keeps_the_tail(page):
             fresh = alloc.alloc(k)
             plan, old = plan_compaction(r2t.req_to_token, [item], k, page, fresh=fresh.view(1, k))
             assert torch.equal(r2t.req_to_token[1].long(), row_before)  # decoding goes on
-            execute(plan, params, ring[:, plan.window_slots], LayerKV(pool.k_buffer, pool.v_buffer),
+            execute(plan, params, Queries(ring[:, plan.window_slots]), LayerKV(pool.k_buffer, pool.v_buffer),
                     None, DIM ** -0.5)
             commit_shadow(r2t.req_to_token, 1, c0, snap - c0, snap - c0 + tail, fresh)
             alloc.free(old[0, :snap - c0])

@@ -32,7 +32,7 @@ def torch_twins(monkeypatch):
     (0.8, 5, "full", True), (0.8, 5, "lightning", True)])
 def test_reference_ranking_equals_engine_scoring(decay, pooling, redundancy, first):
     from sglang_zipage.kv_layout import LayerKV
-    from sglang_zipage.scoring import ScoringParams, score_tokens
+    from sglang_zipage.scoring import Queries, ScoringParams, score_tokens
 
     gen = torch.Generator().manual_seed(1)
     b, hkv, g, d, w, s, n_stored, layers = 2, 2, 3, 16, 4, 150, 70, 2
@@ -44,7 +44,7 @@ def test_reference_ranking_equals_engine_scoring(decay, pooling, redundancy, fir
     score_buffers = [torch.rand(n_slots, hkv, generator=gen) for _ in range(layers)]
     q = torch.randn(layers, b, w, hkv * g, d, generator=gen)
     params = ScoringParams(window=w, decay=decay, redundancy=redundancy, pooling=pooling)
-    final_e, g_e = score_tokens(params, q, LayerKV(k_buffers, None), score_buffers if decay else None, slots,
+    final_e, g_e = score_tokens(params, Queries(q), LayerKV(k_buffers, None), score_buffers if decay else None, slots,
                                 torch.full((b,), s), torch.full((b,), n_stored),
                                 torch.full((b,), first), d ** -0.5)
     for layer in range(layers):

@@ -29,7 +29,7 @@ from sglang_zipage import kv_layout
 from sglang_zipage.request_state import ReqState
 from sglang_zipage.compaction import CompactionItem, plan_compaction
 from sglang_zipage.executor import execute
-from sglang_zipage.scoring import ScoringParams, attention_scores
+from sglang_zipage.scoring import Queries, ScoringParams, attention_scores
 
 HQ, HKV, D = 4, 2, 8
 
@@ -156,8 +156,8 @@ def test_compact_mla_window_scores_as_the_absorbed_queries_did(fp8, rope_apart):
         absorbed.append(whole.queries(layer, *args).view(R, W, MLA_HEADS, -1))
     stored, absorbed = torch.stack(stored), torch.stack(absorbed)
     assert stored.shape[-1] == NOPE + ROPE and absorbed.shape[-1] == RANK + ROPE
-    got = attention_scores(stored, compact.kv, src, lens, 0.1)
-    want = attention_scores(absorbed, whole.kv, src, lens, 0.1)
+    got = attention_scores(Queries(stored), compact.kv, src, lens, 0.1)
+    want = attention_scores(Queries(absorbed), whole.kv, src, lens, 0.1)
     torch.testing.assert_close(got, want, atol=1e-6, rtol=1e-4)
     assert got[:, 1, :, S - 9:].abs().max() == 0  # padding
 
@@ -175,7 +175,7 @@ def test_sliding_window_layers_keep_their_newest_tokens_in_order():
     before = [b.clone() for b in pool.k_buffer + pool.v_buffer]
     plan, _ = plan_compaction(r2t.req_to_token, [CompactionItem(1, c0, 20, 0, True, 1, k)], k, 1)
     ring = torch.randn(1, 2, 4, HQ, D)
-    execute(plan, ScoringParams(window=4, decay=0.0), ring[:, plan.window_slots], layout.kv,
+    execute(plan, ScoringParams(window=4, decay=0.0), Queries(ring[:, plan.window_slots]), layout.kv,
             None, D ** -0.5)
     old_k0, old_v0 = before[0], before[2]  # layer 0 (sliding window): k, v
     newest = slots[c0 + 20 - k:c0 + 20]  # the last k suffix tokens, oldest first

@@ -20,7 +20,7 @@ if not torch.cuda.is_available():  # before the first Triton launch (kernels jit
 
 from sglang_zipage.kernels import ENV_BACKEND, select_topk, window_attention_scores_ref  # noqa: E402
 from sglang_zipage.kv_layout import LayerKV  # noqa: E402
-from sglang_zipage.scoring import (ScoringParams, in_place_order, score_tokens,  # noqa: E402
+from sglang_zipage.scoring import (Queries, ScoringParams, in_place_order, score_tokens,  # noqa: E402
                                    select_and_compact)
 
 # The interpreter calls a NumPy API deprecated in 1.25 on every launch.
@@ -58,7 +58,7 @@ def run(params, x, n_stored=None, first=None, score_buffers="sb"):
     n_stored = torch.zeros(n_req, dtype=torch.int64, device=DEV) if n_stored is None else n_stored
     first = torch.zeros(n_req, dtype=torch.bool, device=DEV) if first is None else first
     sb = x[score_buffers] if score_buffers else None
-    return score_tokens(params, x["q"], LayerKV(x["k"], x["v"]), sb, x["src"], x["lens"], n_stored, first, x["scale"])
+    return score_tokens(params, Queries(x["q"]), LayerKV(x["k"], x["v"]), sb, x["src"], x["lens"], n_stored, first, x["scale"])
 
 
 def attention(x):
@@ -182,7 +182,7 @@ def test_select_and_compact_moves_rows_and_stores_global_score():
     first = torch.ones(2, dtype=torch.bool, device=DEV)
     final, g = run(params, x, n_stored=n_stored, first=first)
     dst = x["src"][:, :8].clone()
-    keep = select_and_compact(params, x["q"], LayerKV(x["k"], x["v"]), x["sb"], x["src"], x["lens"],
+    keep = select_and_compact(params, Queries(x["q"]), LayerKV(x["k"], x["v"]), x["sb"], x["src"], x["lens"],
                               n_stored, first, x["scale"], dst, 8)
     assert torch.equal(keep, in_place_order(select_topk(final, 8), params.window))
     for l in range(2):
@@ -205,7 +205,7 @@ def test_compaction_keeps_position_order_only_where_positions_mean_something(
     params = ScoringParams(window=2, decay=0.0, pooling=1, redundancy=redundancy,
                            lightning_block=8, selection=selection)
     final, _ = run(params, x)
-    keep = select_and_compact(params, x["q"], LayerKV(x["k"], x["v"]), None, x["src"], x["lens"],
+    keep = select_and_compact(params, Queries(x["q"]), LayerKV(x["k"], x["v"]), None, x["src"], x["lens"],
                               torch.zeros(2, dtype=torch.int64, device=DEV),
                               torch.zeros(2, dtype=torch.bool, device=DEV), x["scale"],
                               x["src"][:, :12].clone(), 12)

@@ -17,6 +17,8 @@ So the first compaction precedes step budget + buffer + 1 and the next ones come
 `buffer` steps. With the prompt compressed too (Eviction.own_prompt, --zipage-compress-prompt)
 the suffix starts with the prompt, and a compaction also waits for a full window (W decode
 queries), as the engine's request whose own prompt put it past its window's start does.
+Eviction.scorer "calibrated" (or "mean") scores with HFReference.query_stats' queries at
+the next position (query_stats.py) instead of the last W decode queries.
 With a squeeze (Eviction.squeeze_to, squeeze_at), the request is compacted
 to its floor before step squeeze_at (if it holds more) and keeps the floor as its budget, as
 the engine squeezes a request under overload (budget.py A3). `schedule` gives the count of
@@ -84,11 +86,14 @@ class HFReference:
         self.d = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
         self.scale = self.d ** -0.5
         self.core = self.model.model
+        self.query_stats = None  # QueryStats of the calibrated scorers (query_stats.py)
 
     # ------------------------------------------------------------ forward
-    def _forward(self, ids: torch.Tensor, positions: torch.Tensor, cache: List, queries=None):
+    def _forward(self, ids: torch.Tensor, positions: torch.Tensor, cache: List, queries=None,
+                 pre_rope=None):
         """ids [B, T] at logical positions [T]; appends to cache; returns last logits [B, V].
-        queries: per-layer lists that receive this step's post-RoPE query [B, Hq, D]."""
+        queries: per-layer lists that receive this step's post-RoPE query [B, Hq, D];
+        pre_rope(layer, q [B, Hq, T, D]): sees each layer's queries before RoPE."""
         b, t = ids.shape
         x = self.core.embed_tokens(ids)
         cos, sin = self.core.rotary_emb(x, positions[None, :].expand(b, t))
@@ -99,6 +104,8 @@ class HFReference:
             q = attn.q_proj(h).view(b, t, self.hq, self.d).transpose(1, 2)
             k = attn.k_proj(h).view(b, t, self.hkv, self.d).transpose(1, 2)
             v = attn.v_proj(h).view(b, t, self.hkv, self.d).transpose(1, 2)
+            if pre_rope is not None:
+                pre_rope(li, q)
             q = q * cos + _rotate_half(q) * sin
             k = k * cos + _rotate_half(k) * sin
             if cache[li] is None:
@@ -114,12 +121,52 @@ class HFReference:
             x = x + layer.mlp(layer.post_attention_layernorm(x))
         return self.model.lm_head(self.core.norm(x[:, -1])).float()
 
+    # ------------------------------------------------- calibrated queries
+    @torch.no_grad()
+    def calibrate(self, token_chunks):
+        """query_stats.Accumulator of this model's pre-RoPE queries over ``token_chunks``
+        (lists of token ids, each run from position 0); its ``stats(K)`` are the QueryStats.
+        HF's rotate_half RoPE: neox pairs."""
+        from sglang_zipage.query_stats import Accumulator
+
+        acc = Accumulator(neox=True)
+        for ids in token_chunks:
+            ids = torch.tensor([ids], device=self.device)
+            self._forward(ids, torch.arange(ids.shape[1], device=self.device),
+                          [None] * len(self.core.layers),
+                          pre_rope=lambda li, q: acc.add(li, q[0].transpose(0, 1), self.d))
+        return acc
+
+    def cos_sin(self, positions: int) -> torch.Tensor:
+        """[positions, D] this model's RoPE table as SGLang keeps it: cos | sin of each pair."""
+        x = torch.zeros(1, 1, self.d, device=self.device, dtype=self.dtype)
+        cos, sin = self.core.rotary_emb(x, torch.arange(positions, device=self.device)[None])
+        return torch.cat([cos[0, :, :self.d // 2], sin[0, :, :self.d // 2]], -1).float()
+
+    def _expected(self, ev: Eviction, next_pos: int) -> torch.Tensor:
+        """[L, W, Hq, D]: the calibrated queries of ``ev.scorer`` at the next position(s)."""
+        from sglang_zipage.query_stats import GEOMETRIC, NEXT, expected_queries
+
+        if self.query_stats is None:
+            raise ValueError(f"scorer {ev.scorer!r} needs HFReference.query_stats")
+        mean = ev.scorer == "mean"  # the single-mean baseline, at geometric offsets
+        offsets = GEOMETRIC if mean else NEXT
+        table = self.cos_sin(next_pos + offsets[-1] + 1)
+        q = expected_queries(self.query_stats.queries(single_mean=mean), table,
+                             torch.tensor([next_pos]), True, offsets)
+        return q[:, 0].to(self.dtype)
+
     # ---------------------------------------------------------- compaction
-    def _compact(self, cache, ring, stored, prompt_len: int, ev: Eviction, first: bool, gen):
+    def _compact(self, cache, ring, stored, prompt_len: int, ev: Eviction, first: bool, gen,
+                 next_pos: int = 0):
+        expected = None if ev.scorer == "window" else self._expected(ev, next_pos)
         for li in range(len(cache)):
             k, v = cache[li]
             ks, vs = k[:, :, prompt_len:], v[:, :, prompt_len:]
-            qw = torch.stack(list(ring[li]), dim=1)  # [B, W, Hq, D]
+            if expected is None:
+                qw = torch.stack(list(ring[li]), dim=1)  # [B, W, Hq, D]
+            else:  # no stored queries: the calibrated ones at the next position
+                qw = expected[li][None].expand(k.shape[0], -1, -1, -1)
             final, g = rank_scores(ev, qw, ks, stored[li], first, self.scale, gen)
             keep = select(final, ev.budget)  # [B, Hkv, k]
             idx = keep[..., None].expand(-1, -1, -1, self.d)
@@ -163,7 +210,8 @@ class HFReference:
             if now is not None and (suffix > now.budget if squeeze
                                     else suffix >= now.limit and full):
                 assert full
-                self._compact(cache, ring, stored, kept, now, compactions == 0, gen)
+                self._compact(cache, ring, stored, kept, now, compactions == 0, gen,
+                              next_pos=p + step - 1)
                 compactions += 1
             pos = torch.tensor([p + step - 1], device=self.device)
             logits = self._forward(refs[:, step - 1:step], pos, cache,

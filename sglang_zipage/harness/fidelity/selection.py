@@ -58,6 +58,8 @@ class Eviction:
     squeeze_to: int = 0  # the budget range's floor (budget.py A3), reached at step ...
     squeeze_at: int = 0  # ... squeeze_at, as the engine squeezes a request under overload
     own_prompt: bool = False  # the prompt compresses with the output (--zipage-compress-prompt)
+    scorer: str = "window"  # window (the last W queries) | calibrated (query_stats.py: the
+    # centroids at the next position) | mean (the single mean at geometric offsets)
 
     def __post_init__(self):
         assert self.policy in POLICIES, self.policy
