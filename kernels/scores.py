@@ -20,9 +20,8 @@ The head dim is walked in NUM_D chunks of BLOCK_D (one chunk up to 128: MHA; fiv
 for MLA's 576-wide latent rows), the logits summed over chunks.
 FP8 KV is stored as uint8: KEY_FP8 1 (e4m3) / 2 (e5m2) bitcasts it, multiplies by the
 layer's k_scale and rounds to the query dtype before the dot.
-ROPE 1 (the calibrated scorer): the query rows are pre-RoPE, the same for every request
-(stride 0); `_query_tile` rotates each tile to the request's position as it loads it, so no
-rotated copy of the queries is ever written.
+ROPE (the calibrated scorer): pre-RoPE query rows shared by every request (stride 0), which
+rope.query_tile rotates to the request's position as it loads them: no rotated copy is written.
 Twin: reference.window_attention_scores_ref.
 """
 
@@ -34,12 +33,11 @@ import torch
 import triton.language as tl
 
 from sglang_zipage.kernels.reference import Rope
+from sglang_zipage.kernels.rope import query_tile as _query_tile
 from sglang_zipage.kernels.utils import (
     FP8_CODES,
     cdiv,
-    check_rope,
     check_window_inputs,
-    jit_helper,
     layer_ptr_table,
     lazy_jit,
     next_pow2,
@@ -50,36 +48,6 @@ from sglang_zipage.kernels.utils import (
 _LOG2E = 1.4426950408889634
 MAX_BLOCK_D = 128  # head-dim chunk: larger rows (MLA 576) are walked in chunks
 MAX_SPLITS = 16  # pass-1 splits of a row (a power of two >= 2: pass 2's tile)
-
-
-@jit_helper
-def _query_tile(q_ptr, q_off, d, mask, pos, cs_ptr, stride_cs,
-                ROPE: tl.constexpr, ROT_START: tl.constexpr, ROT_HALF: tl.constexpr,
-                NEOX: tl.constexpr, Q_DTYPE: tl.constexpr):
-    """Query rows q_off [N] x dims d [BD]. ROPE: dims [ROT_START, ROT_START + 2 ROT_HALF)
-    rotated to position pos by the model's table (float32, rounded to Q_DTYPE)."""
-    q = tl.load(q_ptr + q_off[:, None] + d[None, :], mask=mask, other=0.0)
-    if ROPE:
-        j = d - ROT_START
-        rot = (j >= 0) & (j < 2 * ROT_HALF)
-        if NEOX:  # pairs (i, i + R/2)
-            first = j < ROT_HALF
-            pair = tl.where(first, j, j - ROT_HALF)
-            partner = tl.where(first, j + ROT_HALF, j - ROT_HALF)
-        else:  # pairs (2i, 2i + 1)
-            first = (j % 2) == 0
-            pair = j // 2
-            partner = tl.where(first, j + 1, j - 1)
-        pair = tl.where(rot, pair, 0)
-        partner = tl.where(rot, partner, 0)
-        row = cs_ptr + pos * stride_cs
-        cos = tl.load(row + pair, mask=rot, other=1.0).to(tl.float32)
-        sin = tl.load(row + ROT_HALF + pair, mask=rot, other=0.0).to(tl.float32)
-        sin = tl.where(first, -sin, sin)
-        other = tl.load(q_ptr + q_off[:, None] + (ROT_START + partner)[None, :],
-                        mask=mask & rot[None, :], other=0.0)
-        q = (q.to(tl.float32) * cos[None, :] + other.to(tl.float32) * sin[None, :]).to(Q_DTYPE)
-    return q
 
 
 @lazy_jit(batch_args=("R", "chunks_per_split", "n_splits"))
@@ -115,12 +83,9 @@ def _window_lse_kernel(
     w = rows % WP
     row_ok = (g < G) & (w < W)
     q_off = layer.to(tl.int64) * stride_ql + r * stride_qr + w * stride_qw + (h * G + g) * stride_qh
-    pos = 0
-    if ROPE:
-        pos = tl.load(pos_ptr + r).to(tl.int64)
     if NUM_D == 1:  # the whole head dim in one tile: load the queries once
         d = tl.arange(0, BLOCK_D)
-        q = _query_tile(q_ptr, q_off, d, row_ok[:, None] & (d < D)[None, :], pos, cs_ptr,
+        q = _query_tile(q_ptr, q_off, d, row_ok[:, None] & (d < D)[None, :], r, pos_ptr, cs_ptr,
                         stride_cs, ROPE, ROT_START, ROT_HALF, NEOX, Q_DTYPE)
 
     m_i = tl.full([WP * GC], float("-inf"), tl.float32)
@@ -136,8 +101,8 @@ def _window_lse_kernel(
             d = dc * BLOCK_D + tl.arange(0, BLOCK_D)
             d_ok = d < D
             if NUM_D > 1:
-                q = _query_tile(q_ptr, q_off, d, row_ok[:, None] & d_ok[None, :], pos, cs_ptr,
-                                stride_cs, ROPE, ROT_START, ROT_HALF, NEOX, Q_DTYPE)
+                q = _query_tile(q_ptr, q_off, d, row_ok[:, None] & d_ok[None, :], r, pos_ptr,
+                                cs_ptr, stride_cs, ROPE, ROT_START, ROT_HALF, NEOX, Q_DTYPE)
             k = tl.load(k_base + slot[:, None] * stride_ks + h * stride_kh + d[None, :],
                         mask=s_ok[:, None] & d_ok[None, :], other=0)
             if KEY_FP8 == 1:
@@ -197,9 +162,6 @@ def _window_probs_kernel(
     part = (pid * n_splits + sp[:, None]) * (WP * GP) + w[None, :]  # [SPLITS_P, WP]
     sp_ok = (sp < n_splits)[:, None]
     q_row = layer.to(tl.int64) * stride_ql + r * stride_qr + w * stride_qw
-    pos = 0
-    if ROPE:
-        pos = tl.load(pos_ptr + r).to(tl.int64)
     best = tl.zeros([WP, BLOCK_S], tl.float32)
     for g in range(G):
         m_p = tl.load(m_ptr + part + g * WP, mask=sp_ok, other=float("-inf"))
@@ -211,7 +173,7 @@ def _window_probs_kernel(
             d = dc * BLOCK_D + tl.arange(0, BLOCK_D)
             d_ok = d < D
             q = _query_tile(q_ptr, q_row + (h * G + g) * stride_qh, d,
-                            w_ok[:, None] & d_ok[None, :], pos, cs_ptr, stride_cs,
+                            w_ok[:, None] & d_ok[None, :], r, pos_ptr, cs_ptr, stride_cs,
                             ROPE, ROT_START, ROT_HALF, NEOX, Q_DTYPE)
             if NUM_D > 1:
                 k = tl.load(k_base + slot[:, None] * stride_ks + h * stride_kh + d[None, :],
@@ -272,9 +234,7 @@ def window_attention_scores(
         [L, R, Hkv, S_max] float32; softmax over keys in fp32, max over the G query
         heads of each KV group, mean over W; padding entries are 0.
     """
-    check_window_inputs(q_window, k_buffers, src_slots, src_lens, key_dtype, key_scales)
-    if rope is not None:
-        check_rope(rope, q_window)
+    check_window_inputs(q_window, k_buffers, src_slots, src_lens, key_dtype, key_scales, rope)
     n_layers, n_req, w, hq, d = q_window.shape
     device = q_window.device
     hkv = k_buffers[0].shape[1]
@@ -308,11 +268,11 @@ def window_attention_scores(
     n_splits = max(1, min(n_splits, n_chunks, MAX_SPLITS))
     chunks_per_split = cdiv(n_chunks, n_splits)
     n_splits = cdiv(n_chunks, chunks_per_split)
-
     m_part = torch.empty(lrh, n_splits, wp * gp, dtype=torch.float32, device=device)
     l_part = torch.empty_like(m_part)
     table = layer_ptr_table(k_buffers)
     scales = key_scales if key_scales is not None else out  # read only with FP8 keys
+    cs, positions = (rope.cos_sin, rope.positions) if rope else (out, src_lens)  # read with rope
     k0 = k_buffers[0]
     common = dict(
         stride_ql=q_window.stride(0), stride_qr=q_window.stride(1),
@@ -324,11 +284,9 @@ def window_attention_scores(
         # fp32 inputs: exact fp32 products rather than the TF32 default of tl.dot.
         PRECISION="ieee" if q_window.dtype == torch.float32 else "tf32",
         KEY_FP8=FP8_CODES.get(key_dtype, 0), Q_DTYPE=triton_dtype(q_window.dtype),
-        stride_cs=rope.cos_sin.stride(0) if rope else 0, ROPE=rope is not None,
-        ROT_START=rope.start if rope else 0, NEOX=bool(rope and rope.neox),
-        ROT_HALF=rope.cos_sin.shape[-1] // 2 if rope else 1,
+        stride_cs=cs.stride(0), ROPE=rope is not None, ROT_START=rope.start if rope else 0,
+        NEOX=bool(rope and rope.neox), ROT_HALF=rope.cos_sin.shape[-1] // 2 if rope else 1,
     )
-    cs, positions = (rope.cos_sin, rope.positions) if rope else (out, src_lens)  # unread
     _window_lse_kernel[(lrh, n_splits, n_gchunks)](
         q_window, table, scales, src_slots, src_lens, m_part, l_part, cs, positions,
         n_req, chunks_per_split, n_splits, GC=gc, BLOCK_S=lse_block, num_warps=lse_warps, **wide,

@@ -156,8 +156,11 @@ def check_rope(rope, q_window) -> None:
                  q_window.device)
 
 
-def check_window_inputs(q_window, k_buffers, src_slots, src_lens, key_dtype, key_scales) -> None:
+def check_window_inputs(q_window, k_buffers, src_slots, src_lens, key_dtype, key_scales,
+                        rope=None) -> None:
     """The shapes, dtypes and strides window_attention_scores takes (scores.py)."""
+    if rope is not None:
+        check_rope(rope, q_window)
     if q_window.dim() != 5:
         raise ValueError(f"q_window: expected [L, R, W, Hq, D], got {tuple(q_window.shape)}")
     n_layers, n_req, _, hq, d = q_window.shape
