@@ -8,7 +8,8 @@ to full KV, block-bootstrap intervals, each row's paired difference to the windo
 
 Statistics come from sglang_zipage/calibration_texts.json (disjoint from the benchmark's
 texts, build_texts.py), in chunks of --chunk tokens, over --domains. A row is
-SCORER[K][+decay+pooling]: window, mean, calibratedK, random, recent.
+SCORER[K][+EXTRA...]: window, mean, calibratedK, random, recent; extras decay (0.8),
+pooling (5), redundancy (full).
 
   .venv/bin/python benchmarks/fidelity/calibrated.py --out benchmarks/results/fidelity-calibrated-cpu.json
   (the bundled SmolLM2, 4 texts x 512 tokens at 25%, budget 128 + 32: about 12 minutes on
@@ -31,19 +32,24 @@ ROWS = ("window,window+decay+pooling,mean,calibrated16,calibrated64,calibrated12
         "calibrated64+decay+pooling,random,recent")
 
 
+EXTRAS = {"decay": dict(decay=0.8), "pooling": dict(pooling=5),
+          "redundancy": dict(redundancy="full")}
+
+
 def eviction(name: str, base: Eviction):
-    """(Eviction, centroids K or 0) of a row name."""
-    m = re.fullmatch(r"(window|mean|calibrated|random|recent)(\d*)(\+decay\+pooling)?", name)
-    if not m:
+    """(Eviction, centroids K or 0) of a row name: SCORER[K] then +EXTRA for each extra."""
+    m = re.fullmatch(r"(window|mean|calibrated|random|recent)(\d*)((?:\+\w+)*)", name)
+    extras = m.group(3).split("+")[1:] if m else []
+    if not m or any(e not in EXTRAS for e in extras):
         raise SystemExit(f"unknown row {name!r}")
-    scorer, k, extras = m.groups()
+    scorer, k = m.group(1), m.group(2)
     ev = base
     if scorer in ("random", "recent"):
         ev = dataclasses.replace(ev, policy=scorer)
     elif scorer != "window":
         ev = dataclasses.replace(ev, scorer=scorer)
-    if extras:
-        ev = dataclasses.replace(ev, decay=0.8, pooling=5)
+    for e in extras:
+        ev = dataclasses.replace(ev, **EXTRAS[e])
     return ev, int(k or 0)
 
 
