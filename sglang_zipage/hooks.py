@@ -50,7 +50,8 @@ def _hook_table():
          "_split_q_nope_pe", T.AFTER, sh.stash_mla_query,
          "MLA: the window keeps q_nope before absorption, a third of the bytes (L222)"),
         ("layers.radix_attention.RadixAttention.forward", T.AROUND, sh.capture_queries,
-         "store post-RoPE decode queries; recorded into decode CUDA graphs (L150)"),
+         "store post-RoPE decode queries; recorded into decode CUDA graphs; a calibration "
+         "run's prefill queries (L150)"),
         ("model_executor.forward_batch_info.ForwardBatch.init_new", T.AFTER, sh.logical_positions,
          "RoPE positions stay logical while seq_lens are physical (L706, positions L904)"),
         ("managers.tp_worker.TpModelWorker.forward_batch_generation", T.AROUND,

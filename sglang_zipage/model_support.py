@@ -65,22 +65,20 @@ def _calibrated_refusals(facts: dict, config: ZipageConfig, model_path: str) -> 
     from sglang_zipage.query_stats import QueryStats
 
     arch = facts["architecture"]
-    if facts["mla"]:
-        return [f"--zipage-scorer calibrated does not cover MLA models yet ({arch}); use "
-                f"--zipage-scorer window"]
     path = calibrate.stats_file(config.query_stats, model_path)
     make = calibrate.command(model_path, path)
     if not path.is_file():
         return [f"--zipage-scorer calibrated: no query statistics at {path}; make them with "
                 f"`{make}` (or pass --zipage-query-stats FILE)"]
     try:
-        shape = tuple(QueryStats.load(str(path)).mean.shape)
+        stats = QueryStats.load(str(path))
     except ValueError as e:
         return [f"--zipage-query-stats: {e}"]
-    want = (facts["layers"], facts["query_heads"], facts["head_dim"])
-    if facts["head_dim"] and shape != want:
+    have = (max(stats.layer_ids) + 1, *stats.mean.shape[1:])  # (scored layers may be fewer)
+    want = (facts["layers"], facts["query_heads"], facts["query_width"])
+    if facts["query_width"] and (have[0] > want[0] or have[1:] != want[1:]):
         return [f"--zipage-scorer calibrated: {path} holds statistics of layers x query heads x "
-                f"head dim {shape}, {arch} has {want}; calibrate it: `{make}`"]
+                f"query width {have}, {arch} has {want}; calibrate it: `{make}`"]
     return []
 
 
@@ -138,4 +136,7 @@ def model_facts(model_path: str, *, trust_remote_code: bool = False, revision=No
         # the model's attention shape, for the launcher's memory plan (server_args.py)
         "layers": mc.num_attention_layers, "kv_heads": mc.get_total_num_kv_heads(),
         "query_heads": mc.num_attention_heads, "head_dim": mc.head_dim or 0,
+        # what a query row holds before RoPE and absorption (MLA: q_nope | q_rope)
+        "query_width": ((mc.qk_nope_head_dim + mc.qk_rope_head_dim)
+                        if mc.attention_arch == AttentionArch.MLA else mc.head_dim or 0),
     }

@@ -35,11 +35,12 @@ GEOMETRIC = tuple(2 ** i for i in range(16))  # 1 .. 32768 ahead: the single-mea
 FORMAT = "sglang-zipage query stats 1"
 
 
-def pairs(x: torch.Tensor, rot: int, neox: bool):
-    """The two halves of each rotary pair of x's last dim (views where possible)."""
+def pairs(x: torch.Tensor, rot: int, neox: bool, start: int = 0):
+    """The two halves of each rotary pair of x's dims [start, start + rot) (views)."""
+    x = x[..., start:start + rot]
     if neox:
-        return x[..., :rot // 2], x[..., rot // 2:rot]
-    return x[..., 0:rot:2], x[..., 1:rot:2]
+        return x[..., :rot // 2], x[..., rot // 2:]
+    return x[..., 0::2], x[..., 1::2]
 
 
 @dataclass
@@ -50,10 +51,16 @@ class QueryStats:
     neox: bool  # rotary pair layout
     tokens: int  # query tokens the means are over (per layer)
     meta: Dict = field(default_factory=dict)  # model, texts, command
+    rope_start: int = 0  # where the rotary dims begin (MLA's q_nope | q_rope: the nope width)
+    layers: Optional[Sequence[int]] = None  # the model's layer id of each row (None: 0..L-1)
 
     @property
     def rotary_dim(self) -> int:
         return 2 * self.pair_norm.shape[-1]
+
+    @property
+    def layer_ids(self) -> list:
+        return list(self.layers) if self.layers is not None else list(range(len(self.mean)))
 
     def queries(self, single_mean: bool = False) -> torch.Tensor:
         """[L, K, Hq, D]: the centroids, or (``single_mean``) the mean as K = 1."""
@@ -66,7 +73,8 @@ class QueryStats:
         from safetensors.torch import save_file
 
         meta = {"format": FORMAT, "neox": json.dumps(self.neox), "tokens": str(self.tokens),
-                "meta": json.dumps(self.meta)}
+                "meta": json.dumps(self.meta), "rope_start": str(self.rope_start),
+                "layers": json.dumps(self.layer_ids)}
         save_file({"mean": self.mean.contiguous(), "pair_norm": self.pair_norm.contiguous(),
                    "centroids": self.centroids.half().contiguous()}, path, metadata=meta)
 
@@ -81,7 +89,8 @@ class QueryStats:
                                  f"with python -m sglang_zipage.calibrate")
             return cls(f.get_tensor("mean"), f.get_tensor("pair_norm"),
                        f.get_tensor("centroids").float(),
-                       json.loads(meta["neox"]), int(meta["tokens"]), json.loads(meta["meta"]))
+                       json.loads(meta["neox"]), int(meta["tokens"]), json.loads(meta["meta"]),
+                       int(meta.get("rope_start", 0)), json.loads(meta.get("layers", "null")))
 
 
 def kmeans(x: torch.Tensor, k: int, iters: int = 25, seed: int = 0):
@@ -101,20 +110,27 @@ def kmeans(x: torch.Tensor, k: int, iters: int = 25, seed: int = 0):
 
 
 class Accumulator:
-    """Sums of pre-RoPE queries per layer, in float64."""
+    """Sums of pre-RoPE queries per layer (float64) and a sample of them for the centroids:
+    every 4th query, at most ``max_samples`` per layer, kept on the CPU. Rotary pairs are
+    the dims [start, start + rotary) in the ``neox`` or interleaved layout."""
 
-    def __init__(self, neox: bool):
-        self.neox = neox
+    def __init__(self, neox: bool, start: int = 0, max_samples: int = 1 << 14):
+        self.neox, self.start, self.max_samples = neox, start, max_samples
         self.sums: Dict[int, torch.Tensor] = {}
         self.norms: Dict[int, torch.Tensor] = {}
         self.counts: Dict[int, int] = {}
-        self.samples: Dict[int, list] = {}  # every 4th query, for the centroids
+        self.samples: Dict[int, list] = {}
+        self._sampled: Dict[int, int] = {}
 
     def add(self, layer: int, q: torch.Tensor, rotary_dim: int) -> None:
         """q: [T, Hq, D] pre-RoPE queries of one layer."""
         q = q.detach().to(torch.float64)
-        self.samples.setdefault(layer, []).append(q[::4].float())
-        a, b = pairs(q, rotary_dim, self.neox)
+        room = self.max_samples - self._sampled.get(layer, 0)
+        if room > 0:
+            sample = q[::4][:room].float().cpu()
+            self.samples.setdefault(layer, []).append(sample)
+            self._sampled[layer] = self._sampled.get(layer, 0) + sample.shape[0]
+        a, b = pairs(q, rotary_dim, self.neox, self.start)
         s, n = q.sum(0), torch.sqrt(a * a + b * b).sum(0)
         if layer in self.sums:
             self.sums[layer] += s
@@ -123,18 +139,36 @@ class Accumulator:
         else:
             self.sums[layer], self.norms[layer], self.counts[layer] = s, n, q.shape[0]
 
+    def state(self) -> Dict:
+        """What a tensor-parallel rank saves (CPU tensors), for ``join``."""
+        return {"neox": self.neox, "start": self.start, "counts": dict(self.counts),
+                "sums": {l: t.cpu() for l, t in self.sums.items()},
+                "norms": {l: t.cpu() for l, t in self.norms.items()},
+                "samples": {l: torch.cat(v) for l, v in self.samples.items()}}
+
+    @classmethod
+    def join(cls, states: Sequence[Dict]) -> "Accumulator":
+        """The ranks' accumulators, in rank order: each holds a slice of the query heads of
+        the same tokens."""
+        acc = cls(states[0]["neox"], states[0]["start"])
+        for layer, n in states[0]["counts"].items():
+            acc.counts[layer] = n
+            acc.sums[layer] = torch.cat([st["sums"][layer] for st in states])
+            acc.norms[layer] = torch.cat([st["norms"][layer] for st in states])
+            acc.samples[layer] = [torch.cat([st["samples"][layer] for st in states], 1)]
+        return acc
+
     def stats(self, queries: int, meta: Optional[Dict] = None) -> QueryStats:
         """The statistics, with ``queries`` centroids per head."""
         layers = sorted(self.sums)
-        assert layers == list(range(len(layers))), f"layers {layers}"
         counts = {self.counts[l] for l in layers}
         assert len(counts) == 1, counts
         n = counts.pop()
-        mean = torch.stack([self.sums[l] / n for l in layers]).float()
-        norm = torch.stack([self.norms[l] / n for l in layers]).float()
+        mean = torch.stack([self.sums[l] / n for l in layers]).float().cpu()
+        norm = torch.stack([self.norms[l] / n for l in layers]).float().cpu()
         centroids = torch.stack([kmeans(torch.cat(self.samples[l]).transpose(0, 1), queries)[0]
                                  for l in layers])
-        return QueryStats(mean, norm, centroids, self.neox, n, meta or {})
+        return QueryStats(mean, norm, centroids, self.neox, n, meta or {}, self.start, layers)
 
 
 def expected_queries(queries: torch.Tensor, cos_sin: torch.Tensor, positions: torch.Tensor,
@@ -167,13 +201,19 @@ class DeviceQueries:
 
     def __init__(self, stats: QueryStats, layers: Sequence[int], heads: slice,
                  cos_sin: torch.Tensor, neox: bool, dtype: torch.dtype, start: int = 0):
-        if stats.neox != neox or stats.rotary_dim != cos_sin.shape[-1]:
+        if (stats.neox != neox or stats.rotary_dim != cos_sin.shape[-1]
+                or stats.rope_start != start):
             raise ValueError(f"the query statistics were measured with rotary pairs "
                              f"{'neox' if stats.neox else 'interleaved'} over "
-                             f"{stats.rotary_dim} dims; this model rotates "
-                             f"{'neox' if neox else 'interleaved'} pairs over "
-                             f"{cos_sin.shape[-1]}: calibrate it again")
-        queries = stats.queries()[list(layers)][:, :, heads]  # [L, K, Hq, D]
+                             f"{stats.rotary_dim} dims from {stats.rope_start}; this model "
+                             f"rotates {'neox' if neox else 'interleaved'} pairs over "
+                             f"{cos_sin.shape[-1]} from {start}: calibrate it again")
+        missing = sorted(set(layers) - set(stats.layer_ids))
+        if missing:
+            raise ValueError(f"the query statistics hold layers {stats.layer_ids[:8]}..., not "
+                             f"the scored layers {missing[:8]}: calibrate this model again")
+        rows = [stats.layer_ids.index(l) for l in layers]
+        queries = stats.queries()[rows][:, :, heads]  # [L, K, Hq, D]
         self.queries = queries[:, None].to(device=cos_sin.device, dtype=dtype).contiguous()
         self.cos_sin, self.neox, self.start = cos_sin.contiguous(), neox, start
 

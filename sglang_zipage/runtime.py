@@ -5,7 +5,7 @@ that owns the job:
   memory.py       the buffers' share of the KV pool, planned before the pool is allocated
   kv_layout       how the pool holds a token (what the window stores, what scoring reads)
   query_window.py the last W decode queries of the requests near a compaction, or
-  query_stats.py  the calibrated scorer's queries, which need no per-request state
+  query_stats.py  the calibrated scorer's queries (query_capture.py: a calibration run's)
   policy.py       each request's budget and its decision at a decode step
   planner.py      the plans of a decode step (fixed, elastic, pressure; room.py on demand)
   admission.py    what SGLang's admission sets aside for the running requests
@@ -23,7 +23,7 @@ from typing import Optional
 
 import torch
 
-from sglang_zipage import kv_layout, memory, request_state, scorer
+from sglang_zipage import kv_layout, memory, query_capture, request_state, scorer
 from sglang_zipage.admission import Admission
 from sglang_zipage.budget import Budget, Budgets, floor_page
 from sglang_zipage.config import ZipageConfig
@@ -33,6 +33,7 @@ from sglang_zipage.executor import Executor
 from sglang_zipage.own_prompt import OwnPrompt
 from sglang_zipage.planner import MAX_REQS_PER_LAUNCH, QUERY_SCRATCH_BYTES, Planner
 from sglang_zipage.policy import RequestBudgets, StepPolicy
+from sglang_zipage.query_capture import QueryCapture
 from sglang_zipage.query_stats import QueryStats
 from sglang_zipage.repetition import LoopGuard
 from sglang_zipage.scoring import ScoringParams
@@ -56,6 +57,7 @@ class ZipageRuntime:
         self.shadows = ShadowCompactions(0, torch.device("cpu"))  # --zipage-async (attach)
         self.memory_plan: Optional[memory.MemoryPlan] = None
         self.query_stats: Optional[QueryStats] = None  # the calibrated scorer's (scorer.py)
+        self.calibration: Optional[QueryCapture] = None  # a calibration run's (attach)
         self.kv_memory_bytes: Optional[int] = None  # what SGLang sizes the pool from
         self.layout = self.window = self.planner = self.executor = None  # set by attach
         self.budgets = self.admission = None  # set by attach
@@ -91,6 +93,9 @@ class ZipageRuntime:
         self.layout = kv_layout.detect(model_runner, cfg.kv_budget,
                                        async_compaction=cfg.async_compaction,
                                        min_kv_budget=cfg.min_kv_budget)
+        if query_capture.requested():  # a calibration run (calibrate.py)
+            self.calibration = QueryCapture(self.layout, model_runner.model,
+                                            *query_capture.requested(), model_runner.ps.attn_tp_rank)
         budgets = self.budgets = RequestBudgets(Budgets(
             Budget.from_config(cfg, page), self.layout.least_kv_budget, cfg.min_kv_budget))
         self.admission = Admission(budgets.booked, self.stock_clip)

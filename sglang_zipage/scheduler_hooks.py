@@ -66,6 +66,8 @@ def stash_mla_query(result, attention, *args, **kwargs):
 def capture_queries(original, layer, q, k, v, forward_batch, *args, **kwargs):
     if forward_batch.forward_mode.is_decode() and RUNTIME.ready:
         RUNTIME.capture(layer.layer_id, q, kwargs.get("q_rope"), forward_batch)
+    elif RUNTIME.calibration is not None and forward_batch.forward_mode.is_extend():
+        RUNTIME.calibration.add(layer, q, kwargs.get("q_rope"), forward_batch)
     return original(layer, q, k, v, forward_batch, *args, **kwargs)
 
 

@@ -42,7 +42,7 @@ def build(config, model_runner, layout, stats: Optional[QueryStats], slots: int)
             f"{query.width}{' absorbed' if layout.rope_start is None else ''}; use "
             f"--zipage-scorer window")
     heads = query.heads  # this rank's: a tensor-parallel rank holds a slice of the heads
-    rank = model_runner.tp_rank if stats.mean.shape[1] > heads else 0
+    rank = model_runner.ps.attn_tp_rank if stats.mean.shape[1] > heads else 0
     cos_sin, neox = kv_layout.rope_of(model_runner.model, layout.scored_layers)
     calibrated = DeviceQueries(stats, layout.scored_layers, slice(rank * heads, (rank + 1) * heads),
                                cos_sin, neox, dtype, layout.rope_start)

@@ -116,6 +116,10 @@ class KVLayout:
         (the layer passes any layout: [tokens, Hq * D], [1, tokens, Hq, D] (Gemma 3), ...)."""
         return q.reshape(-1, self.query.heads, self.query.dim)
 
+    def prefill_queries(self, attn, q: torch.Tensor, q_rope: Optional[torch.Tensor]) -> torch.Tensor:
+        """``queries`` of a prefill (a calibration run reads them, query_capture.py)."""
+        return self.queries(attn.layer_id, q, q_rope)
+
     def remap_window(self, req_to_token, items, k: int, allocator, reqs) -> None:
         """After a compaction is planned: make whatever else indexes the suffix's columns
         follow the kept tokens (hybrid SWA). Default: nothing does."""

@@ -49,6 +49,7 @@ class MLALayout(KVLayout):
         self.kv = LayerKV(keys=list(pool.kv_buffer), values=None, key_dtype=key_dtype,
                           key_scales=scales, absorb=absorb)
         self._nope: Dict[int, torch.Tensor] = {}  # layer id -> this forward's q_nope
+        self._absorbed = {id(m) for m in mqa.values()}  # the attentions of the absorbed path
 
     def stash(self, layer_id: int, q_nope: torch.Tensor) -> None:
         """The model split its query: keep q_nope [tokens, Hq, nope] (before absorption)
@@ -68,6 +69,13 @@ class MLALayout(KVLayout):
         if q_rope is None:
             return q.reshape(-1, heads, self.query.dim)
         return torch.cat([q.reshape(-1, heads, self.query.dim - self.rope_dim), rope], dim=-1)
+
+    def prefill_queries(self, attn, q, q_rope):
+        """A prefill runs the absorbed attention (then as a decode: ``queries``) or the MHA
+        form, whose query is already q_nope | q_rope, post-RoPE."""
+        if id(attn) in self._absorbed:
+            return self.queries(attn.layer_id, q, q_rope)
+        return q.reshape(-1, self.query.heads, self.query.width)
 
 
 def mla_modules(attns: Dict[int, list]) -> Dict[int, object]:

@@ -1,11 +1,14 @@
-"""The calibrated scorer end to end on the bundled model (issue 46), CPU.
+"""The calibrated scorer end to end on SGLang's CPU path (issue 46).
 
-``python -m sglang_zipage.calibrate`` measures the bundled model's query statistics (4
-centroids per head over the shipped code text, so it takes seconds), a server started with
-``--zipage-scorer calibrated --zipage-query-stats`` that file compresses with its KV bounded,
-holds no query window (0 slots, 0 window bytes, the statistics counted in its memory instead)
-and never compacts without a window; started with a statistics file that is not there it is
-refused before anything starts, naming the command that makes one.
+``python -m sglang_zipage.calibrate`` serves the model, prefills the shipped code text (4
+centroids per head, so it takes seconds) and captures the scored layers' queries: on the
+bundled model they equal the HF reference's pre-RoPE queries over the same chunks. A server
+started with ``--zipage-scorer calibrated --zipage-query-stats`` that file compresses with its
+KV bounded, holds no query window (0 slots, 0 window bytes, the statistics counted in its
+memory instead) and never compacts without a window; so does a sliding-window hybrid with FP8
+KV (tiny Gemma 3, dummy weights, calibrated on random ids: its two global layers only).
+Started with a statistics file that is not there, it is refused before anything starts,
+naming the command that makes one.
 Run: .venv/bin/python -m pytest tests/e2e/test_calibrated_scorer.py
 """
 
@@ -15,23 +18,28 @@ import sys
 
 import pytest
 
+import torch
+
 from sglang_zipage.harness.server import OFFLINE_ENV, STRICT_MEM_ENV, Server, free_port
 from sglang_zipage.query_stats import QueryStats
-from zipage_server import assert_healthy
+from zipage_server import REPO, assert_healthy
 
 QUERIES, BUDGET, BUFFER, OUT = 4, 64, 16, 200
 LAYERS, HEADS, DIM = 30, 9, 64  # SmolLM2-135M
 
 
-@pytest.fixture(scope="module")
-def stats_file(tmp_path_factory):
-    out = tmp_path_factory.mktemp("calibrate") / "stats.safetensors"
+def calibrate(out, *flags):
     done = subprocess.run([sys.executable, "-m", "sglang_zipage.calibrate", "--queries",
-                           str(QUERIES), "--domains", "code", "--chunk", "512", "--out", str(out)],
-                          capture_output=True, text=True, timeout=900,
+                           str(QUERIES), "--domains", "code", "--chunk", "512", "--out", str(out),
+                           *flags], capture_output=True, text=True, timeout=900,
                           env={**os.environ, **OFFLINE_ENV})
     assert done.returncode == 0, done.stderr[-3000:]
     return out
+
+
+@pytest.fixture(scope="module")
+def stats_file(tmp_path_factory):
+    return calibrate(tmp_path_factory.mktemp("calibrate") / "stats.safetensors")
 
 
 @pytest.fixture(scope="module")
@@ -45,10 +53,26 @@ def server(stats_file, tmp_path_factory):
 
 
 def test_calibration_measures_the_bundled_models_queries(stats_file):
+    """The queries SGLang's forward computed, undone from RoPE at their positions, are the
+    model's pre-RoPE queries: their means equal the HF reference's over the same chunks."""
+    from transformers import AutoTokenizer
+
+    from sglang_zipage.calibrate import chunks
+    from sglang_zipage.harness.fidelity.hf_reference import HFReference
+    from sglang_zipage.model import bundled_model_path
+
     stats = QueryStats.load(str(stats_file))
     assert stats.centroids.shape == (LAYERS, HEADS, QUERIES, DIM)
     assert stats.mean.shape == (LAYERS, HEADS, DIM) and stats.neox
-    assert stats.tokens > 1000 and stats.meta["domains"] == ["code"]
+    assert stats.layer_ids == list(range(LAYERS)) and stats.rope_start == 0
+    assert stats.meta["domains"] == ["code"] and stats.meta["texts"] == "calibration_texts.json"
+    tok = AutoTokenizer.from_pretrained(bundled_model_path())
+    parts = chunks(lambda t: tok(t, add_special_tokens=False)["input_ids"], ["code"], 512)
+    hf = HFReference(bundled_model_path()).calibrate(parts)
+    assert stats.tokens == hf.counts[0] == sum(len(p) for p in parts) > 1000
+    hf_mean = torch.stack([hf.sums[layer] / hf.counts[layer] for layer in range(LAYERS)]).float()
+    cos = torch.nn.functional.cosine_similarity(stats.mean, hf_mean, dim=-1)
+    assert cos.min() > 0.9999, cos.min()  # bf16 forward against fp32: 0.999998 measured
 
 
 def test_it_compresses_without_a_query_window(server):
@@ -84,3 +108,32 @@ def test_a_missing_statistics_file_is_refused_with_the_command(tmp_path):
     assert f"no query statistics at {missing}" in out
     assert "python -m sglang_zipage.calibrate --model-path" in out
     assert "Traceback" not in out and "server_args=" not in out  # before SGLang starts
+
+
+def test_a_sliding_window_hybrid_with_fp8_kv_compresses_with_its_statistics(tmp_path):
+    model = ["--model-path", str(REPO / "tests/e2e/models/tiny-gemma3"), "--load-format",
+             "dummy", "--random-seed", "0", "--kv-cache-dtype", "fp8_e4m3"]
+    out = calibrate(tmp_path / "gemma3.safetensors", *model)
+    stats = QueryStats.load(str(out))
+    assert stats.meta["texts"] == "random ids"  # a dummy model has no tokenizer
+    srv = Server([*model, "--skip-tokenizer-init", "--max-total-tokens", "2048",
+                  "--zipage-scorer", "calibrated", "--zipage-query-stats", str(out),
+                  "--zipage-mode", "fixed", "--zipage-kv-budget", str(BUDGET), "--zipage-buffer",
+                  str(BUFFER)], tmp_path / "server.log", env=STRICT_MEM_ENV)
+    try:
+        greedy = {"max_new_tokens": OUT, "temperature": 0, "ignore_eos": True}
+        outs = srv.generate_ids([[10 + 3 * i + j for j in range(30)] for i in range(3)],
+                                [greedy] * 3)
+        state = srv.zipage_state()
+        layout = state["layout"]
+        assert layout["layout"] == "mha+sliding-window" and layout["scored_layers"] == 2
+        assert layout["key_dtype"] == "torch.float8_e4m3fn"
+        assert len(stats.layer_ids) == 2 and max(stats.layer_ids) == 3  # the global layers
+        for o in outs:
+            meta = o["meta_info"]
+            assert meta["completion_tokens"] == OUT and meta["zipage_compactions"] >= 1
+            assert meta["zipage_kv_len"] <= meta["prompt_tokens"] + BUDGET + BUFFER
+        assert state["window_slots"] == 0 and state["windowless_compactions"] == 0
+        assert_healthy(srv)
+    finally:
+        srv.stop()

@@ -72,11 +72,18 @@ def test_a_server_finds_its_statistics_or_is_refused_with_the_command(tmp_path):
     stats(f["layers"], 8, f["head_dim"]).save(str(wrong))
     (msg,) = model_support.refusals(f, ZipageConfig(kv_budget=256, buffer=64, scorer="calibrated",
                                                     query_stats=str(wrong)), server)
-    assert "calibrate it" in msg and "(36, 8, 128)" in msg
-    mla = model_support.model_facts(str(MODELS / "deepseek-v2-lite"))
-    (msg,) = model_support.refusals(mla, CALIBRATED, SimpleNamespace(**{**vars(server),
-                                                                       "model_path": "x"}))
-    assert "MLA" in msg and "--zipage-scorer window" in msg
+    assert "calibrate it" in msg and "(36, 8, 128)" in msg and "(36, 32, 128)" in msg
+    # MLA: a query row is q_nope | q_rope (128 + 64 for DeepSeek V3), before absorption
+    mla = model_support.model_facts(str(MODELS / "deepseek-v3"))
+    assert mla["mla"] and (mla["query_heads"], mla["query_width"]) == (128, 192)
+    mla_stats = tmp_path / "mla.safetensors"
+    stats(4, 128, 192).save(str(mla_stats))  # a 4-layer run of the same shape: layers 0-3
+    flash = SimpleNamespace(**{**vars(server), "attention_backend": "flashinfer"})
+    config = ZipageConfig(kv_budget=256, buffer=64, scorer="calibrated", query_stats=str(mla_stats))
+    assert model_support.refusals(mla, config, flash) == []
+    stats(4, 128, 576).save(str(mla_stats))  # absorbed rows: not what the scorer stores
+    (msg,) = model_support.refusals(mla, config, flash)
+    assert "(4, 128, 576)" in msg and "(61, 128, 192)" in msg
 
 
 def test_the_bundled_model_ships_its_statistics():
