@@ -3,7 +3,7 @@ memory plan (its statistics counted instead), budgets that never ask for a slot,
 statistics file a server finds or is refused without (naming the command that makes it),
 the shipped statistics of the bundled model, and the engine's queries equal to the HF
 reference's (SGLang's RoPE table against transformers').
-Run: .venv/bin/python -m pytest tests/unit/test_calibrated_scorer.py
+Run: .venv/bin/python -m pytest tests/unit/test_calibrated_setup.py
 """
 
 from pathlib import Path
