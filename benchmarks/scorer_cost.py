@@ -8,7 +8,7 @@ scorer: the attention stage (kernels.window_attention_scores over W query rows: 
 position as it loads them: query_stats.DeviceQueries.at), and the whole pipeline the engine runs
 (scoring.select_and_compact: scoring, top-k, in-place order, compact_kv); CUDA events,
 median of --iters after a warm-up. Also the kernel against its torch twin in bf16 at each W.
-Imports torch, triton and sglang_zipage.{kernels,scoring,query_stats,harness.record} only.
+Imports torch, triton, bench_kernels (its timer) and sglang_zipage only.
 
   PYTHONPATH=$PWD python3 benchmarks/scorer_cost.py --out $OUT/scorer-cost.json   (a GPU, ~1 min)
 """
@@ -16,8 +16,8 @@ Imports torch, triton and sglang_zipage.{kernels,scoring,query_stats,harness.rec
 from __future__ import annotations
 
 import argparse
-import statistics
 
+import bench_kernels  # this folder's kernel benchmark: its timer
 import torch
 
 from sglang_zipage.harness import record
@@ -31,18 +31,7 @@ L, HQ, HKV, D, S, K = 36, 32, 8, 128, 2304, 2048
 
 
 def timed_ms(fn, iters: int) -> float:
-    for _ in range(2):
-        fn()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(iters):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        fn()
-        b.record()
-        b.synchronize()
-        times.append(a.elapsed_time(b))
-    return round(statistics.median(times), 3)
+    return round(bench_kernels.timed_ms(fn, iters), 3)  # CUDA events, median after a warm-up
 
 
 def main():
