@@ -58,7 +58,8 @@ PROM_COUNTERS = {
 }
 ZIPAGE_KEYS = ("compactions", "pressure_compactions", "compaction_batches", "compaction_gpu_ms",
                "compaction_ms", "tokens_evicted", "running_compressed_requests",
-               "squeezed_compactions", "loop_guard_triggers", "decode_steps_past_graphs")
+               "squeezed_compactions", "windowless_compactions", "loop_guard_triggers",
+               "decode_steps_past_graphs")
 NOTES = {
     "output_tok_s": "sglang:realtime_tokens_total{mode=decode} difference / window span: "
                     "every output token but each request's first (made by its prefill)",

@@ -24,7 +24,7 @@ from sglang_zipage.harness import probe
 STEADY_ZIPAGE_KEYS = ("compactions", "compactions_per_s", "pressure_compactions",
                       "compaction_gpu_ms", "compaction_share", "compaction_launch_share",
                       "tokens_evicted", "mean_compressed_running_reqs", "squeezed_compactions",
-                      "loop_guard_triggers")
+                      "windowless_compactions", "loop_guard_triggers")
 
 
 def log(*a) -> None:
@@ -160,6 +160,8 @@ class Window:
         return dict(compactions=d("compactions"), compactions_per_s=rnd(d("compactions") / self.span),
                     pressure_compactions=d("pressure_compactions"),
                     squeezed_compactions=d("squeezed_compactions"),
+                    # compactions without their query window (the most recent tokens kept)
+                    windowless_compactions=d("windowless_compactions"),
                     loop_guard_triggers=d("loop_guard_triggers"),
                     compaction_ms=rnd(d("compaction_ms"), 1),
                     compaction_gpu_ms=rnd(d("compaction_gpu_ms"), 1),

@@ -229,3 +229,15 @@ def test_runs_on_different_cards_are_not_merged(tmp_path):
     merged = merge.merge_steady([stock, write("zipage", 150.0, "NVIDIA H200")],
                                 str(tmp_path / "m.json"))
     assert merged["gpu"] == "NVIDIA H200" and merged["output_tok_s_ratio"] == 1.5
+
+
+def test_a_steady_window_counts_the_compactions_made_without_a_query_window():
+    counts = {0: (0, 0), 20: (100, 3), 40: (180, 10)}  # t -> (compactions, windowless)
+    out = []
+    for s in samples(100.0, [30], 40, 40)[:41]:
+        c, w = counts.get(int(s["t_s"]), (None, None))
+        if c is not None:
+            s["zipage"] = {"compactions": c, "windowless_compactions": w}
+        out.append(s)
+    z = steady_window([s for s in out if "zipage" in s], 20.0, 40.0)["zipage"]
+    assert (z["compactions"], z["windowless_compactions"]) == (80, 7)
