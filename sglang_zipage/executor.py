@@ -23,22 +23,26 @@ from sglang_zipage.scoring import Queries, ScoringParams, select_and_compact
 
 
 def execute(plan: CompactionPlan, params: ScoringParams, queries: Optional[Queries], kv,
-            score_buffers, sm_scale: float) -> None:
+            score_buffers, sm_scale: float, followers=()) -> None:
     """Score, select and compact on the current stream; launches kernels only (C1).
 
     queries: the plan's (``Executor.queries``); kv: the buffers of the pool's layout
-    (kv_layout). A windowless plan keeps each request's most recent tokens (the ``recent``
-    selection) and ignores the queries."""
+    (kv_layout); followers: the buffers of pools at the same slots that follow it (a
+    speculative draft's). A windowless plan keeps each request's most recent tokens (the
+    ``recent`` selection) and ignores the queries."""
     if plan.windowless:
         params, queries = windowless(params), None
     select_and_compact(params, queries, kv, score_buffers, plan.src_slots, plan.src_lens,
-                       plan.n_stored, plan.first, sm_scale, plan.dst_slots, plan.k)
+                       plan.n_stored, plan.first, sm_scale, plan.dst_slots, plan.k, followers)
 
 
-def copy_slots(copy: SlotCopy, kv) -> None:
-    """Every layer's and head's KV of copy.src into copy.dst (disjoint slots)."""
+def copy_slots(copy: SlotCopy, kv, followers=()) -> None:
+    """Every layer's and head's KV of copy.src into copy.dst (disjoint slots), in the pool
+    and its followers."""
     n = copy.src.numel()
-    for keys, values in ((kv.keys, kv.values), (kv.recent_keys, kv.recent_values)):
+    pools = (kv, *followers)
+    for keys, values in [(b.keys, b.values) for b in pools] + [(b.recent_keys, b.recent_values)
+                                                                for b in pools]:
         if keys:
             keep = torch.arange(n, device=copy.src.device).expand(len(keys), 1, keys[0].shape[1], n)
             compact_kv(keys, values, None, copy.src[None], keep, copy.dst[None], None)
@@ -52,7 +56,7 @@ def windowless(params: ScoringParams) -> ScoringParams:
 
 class Executor:
     def __init__(self, params: ScoringParams, kv, window, score_buffer, sm_scale: float,
-                 queue, shadows, stats, device: torch.device, calibrated=None):
+                 queue, shadows, stats, device: torch.device, calibrated=None, followers=()):
         self.params = params
         self.kv = kv  # the pool's buffers, as the layout hands them over
         self.window = window
@@ -64,6 +68,11 @@ class Executor:
         self.stats = stats
         self.device = device
         self.calibrated = calibrated  # query_stats.DeviceQueries, or None (the window scores)
+        self.followers = tuple(followers)  # LayerKV of pools at the same slots (a draft's)
+
+    def follow(self, kv) -> None:
+        """Compact ``kv`` (a pool at the same slots: a speculative draft's) with every plan."""
+        self.followers += (kv,)
 
     def flush(self) -> None:
         """Before a forward, on its stream: window-table updates, in-place compactions
@@ -101,9 +110,10 @@ class Executor:
                 if t is not None:
                     t.record_stream(stream)
         if isinstance(plan, SlotCopy):
-            copy_slots(plan, self.kv)
+            copy_slots(plan, self.kv, self.followers)
         else:
-            execute(plan, self.params, queries, self.kv, self._score_buffers, self.sm_scale)
+            execute(plan, self.params, queries, self.kv, self._score_buffers, self.sm_scale,
+                    self.followers)
 
     def warm_up(self, page_size: int, copies: bool = False) -> None:
         """Compile the Triton kernels now, not in the middle of the first compaction

@@ -171,6 +171,15 @@ class ZipageRuntime:
                     cfg.kv_budget, cfg.buffer, cfg.window, page, self.warm_up_s)
         logger.info(plan.log_line())
 
+    def follow(self, model_runner) -> None:
+        """A speculative draft's KV pool: it holds the draft's KV at the target's slots
+        (SGLang shares req_to_token and the allocator), so every compaction moves the same
+        tokens in it (scoring.consensus), on the same stream, in the same launch."""
+        layout = kv_layout.detect(model_runner, self.config.kv_budget)
+        self.executor.follow(layout.kv)
+        logger.info("zipage: the draft's %s pool %s follows the target's compactions",
+                    layout.name, layout.describe())
+
     def _spans_anywhere(self, feature: str) -> bool:
         """Think segments and --zipage-compress-prompt need a layout whose compressed span
         may lie anywhere in a request, which a hybrid sliding-window pool's is not (said

@@ -10,7 +10,10 @@ RUNTIME = None  # the ZipageRuntime of this process, once installed with zipage 
 
 
 def after_alloc_memory_pool(result, model_runner, *args, **kwargs):
-    RUNTIME.attach(model_runner)
+    if model_runner.is_draft_worker:  # a speculative draft's pool, after the target's
+        RUNTIME.follow(model_runner)
+    else:
+        RUNTIME.attach(model_runner)
 
 
 def remember_kv_memory(result, kvc, *args, **kwargs):

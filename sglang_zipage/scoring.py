@@ -268,6 +268,7 @@ def select_and_compact(
     sm_scale: float,
     dst_slots: torch.Tensor,
     k: int,
+    followers: Sequence[LayerKV] = (),
 ) -> torch.Tensor:
     """score_tokens + select_topk + compact_kv. Returns keep [L, R, Hkv, k] int64: the
     position that dst_slots[r, j] of each head now holds, in ``in_place_order``; ascending
@@ -276,7 +277,9 @@ def select_and_compact(
 
     dst_slots: [R, k] int64 (see compact_kv); k <= min(src_lens). After the call,
     score_buffers (if given) hold g of the kept tokens at dst_slots; kv's recent layers
-    hold their newest k tokens, in order.
+    hold their newest k tokens, in order; each follower (a pool at the same slots that is
+    not scored: a speculative draft's) holds the ``consensus`` tokens in all its layers
+    and heads.
     """
     final, g = score_tokens(
         params, queries, kv, score_buffers, src_slots, src_lens, n_stored, first, sm_scale
@@ -289,4 +292,21 @@ def select_and_compact(
     if kv.recent_keys:
         recent = newest(src_lens, k, len(kv.recent_keys), kv.recent_keys[0].shape[1])
         compact_kv(kv.recent_keys, kv.recent_values, None, src_slots, recent, dst_slots, None)
+    if followers:
+        agreed, recent = consensus(final, k, min(params.window, k)), newest(src_lens, k, 1, 1)
+        for f in followers:
+            for keys, values, kept in ((f.keys, f.values, agreed),
+                                       (f.recent_keys, f.recent_values, recent)):
+                if keys:
+                    kept = kept.expand(len(keys), -1, keys[0].shape[1], -1)
+                    compact_kv(keys, values, None, src_slots, kept, dst_slots, None)
     return keep
+
+
+def consensus(final: torch.Tensor, k: int, tail: int) -> torch.Tensor:
+    """keep [1, R, 1, k]: one token set per request for KV that is not scored itself (a
+    speculative draft's layers, whose heads map onto no scored head): the k positions of
+    the highest mean ``final`` over the scored layers and KV heads, so every protected
+    position (+inf in all of them) is kept, in ``in_place_order``."""
+    agreed = select_topk(final.mean(dim=(0, 2), keepdim=True), k)
+    return in_place_order(agreed, tail)

@@ -270,3 +270,49 @@ def test_selection_controls_keep_budget_and_protection(selection):
             assert {0, n - 2, n - 1} <= set(row)  # sink + window always kept
             if selection == "recent":
                 assert row == [0] + list(range(n - 5, n))
+
+
+@pytest.mark.parametrize("backend", ["ref", "triton"])
+def test_a_follower_pool_keeps_one_agreed_token_set_in_every_layer_and_head(monkeypatch, backend):
+    """A speculative draft's pool (other layer count, heads and width; an MLA-like latent
+    row without values; a sliding-window layer) at the target's slots: each request keeps
+    the k positions of the highest mean final score over the target's layers and heads, the
+    same in all the draft's heads, protected window included; the target's own selection
+    does not change."""
+    monkeypatch.setenv(ENV_BACKEND, backend)
+    lens, k = [30, 21], 12
+    x = make_inputs(lens, n_layers=3, hkv=2, g=2, d=16, w=4)
+    gen = torch.Generator().manual_seed(1)
+    n_slots = x["k"][0].shape[0]
+    draft = LayerKV([torch.randn(n_slots, 3, 8, generator=gen).to(DEV)],
+                    [torch.randn(n_slots, 3, 8, generator=gen).to(DEV)],
+                    recent_keys=[torch.randn(n_slots, 3, 8, generator=gen).to(DEV)],
+                    recent_values=[torch.randn(n_slots, 3, 8, generator=gen).to(DEV)])
+    latent = LayerKV([torch.randn(n_slots, 1, 24, generator=gen).to(DEV)], None)
+    old = [t.clone() for t in (*draft.keys, *draft.values, *draft.recent_keys, *latent.keys)]
+    params = ScoringParams(window=3, decay=0.0, pooling=1, sink=1)
+    zeros = dict(n_stored=torch.zeros(2, dtype=torch.int64, device=DEV),
+                 first=torch.zeros(2, dtype=torch.bool, device=DEV))
+    final, _ = run(params, x, **zeros, score_buffers=None)
+    target = LayerKV([t.clone() for t in x["k"]], [t.clone() for t in x["v"]])
+    alone = select_and_compact(params, Queries(x["q"]), target, None, x["src"], x["lens"],
+                               *zeros.values(), x["scale"], x["src"][:, :k].clone(), k)
+    dst = x["src"][:, :k].clone()
+    keep = select_and_compact(params, Queries(x["q"]), LayerKV(x["k"], x["v"]), None, x["src"],
+                              x["lens"], *zeros.values(), x["scale"], dst, k, (draft, latent))
+    assert torch.equal(keep, alone)
+    for r, n in enumerate(lens):
+        mean = final[:, r].mean(dim=(0, 1))  # over layers and heads: [S_max]
+        agreed = sorted(torch.topk(mean, k).indices.tolist())
+        assert {0, n - 3, n - 2, n - 1} <= set(agreed)  # sink and window
+        src = x["src"][r]
+        got = set()
+        for j in range(k):
+            row = old[0][src[:n]].eq(draft.keys[0][dst[r, j]]).all(-1).all(-1).nonzero()
+            got.add(row.item())
+            pos = row.item()
+            assert torch.equal(draft.values[0][dst[r, j]], old[1][src[pos]])
+            assert torch.equal(latent.keys[0][dst[r, j]], old[3][src[pos]])
+        assert sorted(got) == agreed
+        # the sliding-window layer holds the newest k tokens, in order
+        assert torch.equal(draft.recent_keys[0][dst[r]], old[2][src[n - k:n]])
