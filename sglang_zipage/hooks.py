@@ -94,6 +94,32 @@ def _hook_table():
     ]
 
 
+def _speculative_hook_table(algorithm: Optional[str]):
+    """Speculative decoding (docs/internals/sglang-speculative.md): the draft reads its pool
+    and the verify snapshots its KV index inside the speculative worker, before the target's
+    forward; the overlap scheduler reads a step's lengths from the device. Harmless without
+    it (the workers never run; the length hook passes a batch without draft through)."""
+    from sglang.srt.plugins.hook_registry import HookType as T
+
+    rows = [
+        ("speculative.eagle_worker_v2.EAGLEWorkerV2.forward_batch_generation", T.AROUND,
+         sh.flush_before_forward, "EAGLE, EAGLE3, NEXTN, STANDALONE: compactions run before "
+         "the draft reads its pool (L1103)"),
+        ("managers.overlap_utils.FutureMap.resolve_seq_lens_cpu", T.AROUND,
+         sh.published_lengths, "a step's lengths come from the device's last publish, "
+         "before the compactions since (L412)"),
+        ("layers.attention.flashinfer_backend.FlashInferMultiStepDraftBackend.common_template",
+         T.AROUND, sh.physical_draft_lengths, "the draft's KV index is laid out by its "
+         "positions, read as physical lengths (L2260)"),
+        ("layers.attention.triton_backend.TritonMultiStepDraftBackend.common_template",
+         T.AROUND, sh.physical_draft_lengths, "the same for the Triton backend (L1912)"),
+    ]
+    if algorithm == "NGRAM":  # (its module needs the GPU build of sgl_kernel to import)
+        rows.append(("speculative.ngram_worker.NGRAMWorker.forward_batch_generation", T.AROUND,
+                     sh.flush_before_forward, "NGRAM: compactions before its verify (L403)"))
+    return rows
+
+
 def _frontend_hook_table():
     from sglang.srt.plugins.hook_registry import HookType as T
 
@@ -122,8 +148,9 @@ def apply_cpu_fixes() -> None:
 
 
 def install(config: Optional[ZipageConfig], *, device: Optional[str] = None,
-            page_size: int = 1) -> None:
-    """Activate zipage in this process (idempotent). config None/disabled = stock SGLang."""
+            page_size: int = 1, speculative: Optional[str] = None) -> None:
+    """Activate zipage in this process (idempotent). config None/disabled = stock SGLang.
+    ``speculative``: the --speculative-algorithm, if any."""
     global _INSTALLED
     import sglang
 
@@ -143,7 +170,7 @@ def install(config: Optional[ZipageConfig], *, device: Optional[str] = None,
                                stock_clip=schedule_policy.CLIP_MAX_NEW_TOKENS)
     # ... new requests reserve prompt + budget + buffer, not max_new_tokens (read at call time).
     schedule_policy.CLIP_MAX_NEW_TOKENS = Budget.from_config(config, page_size).admission_reserve()
-    _apply(_hook_table())
+    _apply(_hook_table() + _speculative_hook_table(speculative))
     _INSTALLED = True
     logger.info("sglang-zipage active: %s", config.to_json())
 

@@ -188,6 +188,10 @@ class Planner:
         (budget W2) or cannot wait for it (room.py)."""
         windowless = self.budgets.server.window_scored and (windowless or not st.has_window)
         slot = 0 if windowless or not st.has_window else self.window.slot_of(req.req_pool_idx)
+        # speculative decoding: the columns past the committed ones are the step in flight's
+        # (its draft and verify tokens, accepted or not): never scored, they follow the kept
+        # tokens as a tail (only the table moves)
+        tail += request_state.in_flight(req)
         return CompactionItem(req.req_pool_idx, st.c0, suffix, st.n_stored,
                               st.n_stored == 0,  # first since (re)prefill
                               slot, kept, tail=tail, windowless=windowless,

@@ -26,7 +26,8 @@ def run_scheduler_process(server_args, *args, **kwargs):
     from sglang_zipage.config import ZipageConfig
 
     hooks.install(ZipageConfig.from_env(), device=server_args.device,
-                  page_size=server_args.page_size or 1)
+                  page_size=server_args.page_size or 1,
+                  speculative=server_args.speculative_algorithm)
     from sglang.srt.managers.scheduler import run_scheduler_process as _run
 
     try:

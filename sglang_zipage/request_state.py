@@ -38,6 +38,9 @@ class ReqState:
     answer_done: bool = False  # the thinking segment's last compaction is made (or not needed)
     prompt_asks: int = 2  # decode steps own_prompt.py may still ask it at, since its
     # (re-)prefill: its prompt may reach the tree a step late (0: its turn is over)
+    unpublished: int = 0  # columns evicted since its length was last read from the device:
+    # speculative decoding's overlap scheduler reads a step's lengths from what the step
+    # before published, which counts them still (read and cleared by ``published``)
 
     def physical(self, logical: int) -> int:
         """A logical length (positions) as the columns it occupies (I5)."""
@@ -62,11 +65,18 @@ class ReqState:
         """A compaction of its suffix kept ``kept`` tokens and evicted ``evicted`` (every
         one before its answer, if it has one): positions stay logical (I5)."""
         self.pos_offset += evicted
+        self.unpublished += evicted
         if self.answer_col is not None:
             self.answer_col -= evicted
         self.n_stored = kept
         self.compactions += 1
         self.pressure_compactions += pressure
+
+    def published(self) -> int:
+        """The columns evicted since the device's length of it was last read; from now on
+        that length is this request's own (the next forward publishes it)."""
+        evicted, self.unpublished = self.unpublished, 0
+        return evicted
 
     def squeeze(self, floor: int) -> None:
         """Its floor is its budget until the pressure ends (budget A3)."""
@@ -143,6 +153,13 @@ def suffix_len(req, budget) -> int:
     st = getattr(req, "zipage", None)
     c0 = st.c0 if st is not None and st.c0 is not None else compress_start(req, budget)
     return max(0, req.kv_committed_len - c0)
+
+
+def in_flight(req) -> int:
+    """Columns allocated past the committed ones: speculative decoding's reserve, which the
+    step in flight writes its draft and verify tokens into (0 without it: a decode step
+    allocates its one column as it commits it)."""
+    return req.kv.kv_allocated_len - req.kv_committed_len
 
 
 def physical_len(req, logical: int) -> int:

@@ -273,7 +273,8 @@ class ZipageRuntime:
 
     # ----------------------------------------------------------- forward
     def position_offsets(self, batch) -> Optional[torch.Tensor]:
-        """[bs] int64 logical - physical offsets of a decode batch, or None if all 0 (I5)."""
+        """[bs] int64 logical - physical offsets of a batch's requests, or None if all 0
+        (I5)."""
         offs = [getattr(r, "zipage", None) for r in batch.reqs]
         offs = [st.pos_offset if st is not None else 0 for st in offs]
         if not any(offs):
@@ -282,6 +283,13 @@ class ZipageRuntime:
         if self.device.type == "cuda":
             t = t.pin_memory()
         return t.to(self.device, non_blocking=True)
+
+    def unpublished(self, batch) -> Optional[torch.Tensor]:
+        """[bs] int64 (CPU): the columns each request of ``batch`` evicted since the device
+        last published its length, now read (ReqState.published); None if none did."""
+        states = [getattr(r, "zipage", None) for r in batch.reqs]
+        evicted = [st.published() if st is not None else 0 for st in states]
+        return torch.tensor(evicted, dtype=torch.int64) if any(evicted) else None
 
     def capture(self, layer_id: int, q: torch.Tensor, q_rope, forward_batch) -> None:
         """Keep a decode step's queries of a scored layer (the layout says which layers,

@@ -75,10 +75,53 @@ def capture_queries(original, layer, q, k, v, forward_batch, *args, **kwargs):
 
 
 def logical_positions(result, cls, batch, *args, **kwargs):
-    if batch is not None and result.forward_mode.is_decode() and RUNTIME.ready:
+    """A decode step's positions (speculative decoding: the draft's topk rows, the verify's
+    and the draft extend's draft tokens, per request) are its physical lengths plus the
+    request's offset."""
+    mode = result.forward_mode
+    if (batch is not None and RUNTIME.ready and result.positions is not None
+            and (mode.is_decode() or mode.is_target_verify() or mode.is_draft_extend_v2())):
         offsets = RUNTIME.position_offsets(batch)
         if offsets is not None:
+            rows = result.positions.numel() // offsets.numel()  # per request
+            offsets = offsets.repeat_interleave(rows).to(result.positions.dtype)
             result.positions = result.positions + offsets
+            if result.spec_info is not None and mode.is_decode():
+                result.zipage_offsets = offsets  # (physical_draft_lengths)
+    return result
+
+
+def physical_draft_lengths(original, backend, forward_batch, *args, **kwargs):
+    """The multi-step draft backends lay the draft's KV index out by its positions, read as
+    the requests' physical lengths: they see those, the model its logical positions."""
+    offsets = getattr(forward_batch, "zipage_offsets", None)
+    if offsets is None:
+        return original(backend, forward_batch, *args, **kwargs)
+    logical = forward_batch.positions
+    physical = logical.clone()
+    physical[:offsets.numel()] -= offsets
+    forward_batch.positions = physical
+    try:
+        return original(backend, forward_batch, *args, **kwargs)
+    finally:
+        forward_batch.positions = logical
+
+
+def published_lengths(original, future_map, batch, *args, **kwargs):
+    """Speculative decoding with overlap: a step reads its lengths from what the step before
+    published on the device, which still counts the columns compacted away since; they are
+    taken off (new tensors: the step before may still hold the old ones)."""
+    if batch.spec_info is None:
+        return original(future_map, batch, *args, **kwargs)
+    before = batch.seq_lens
+    result = original(future_map, batch, *args, **kwargs)
+    evicted = RUNTIME.unpublished(batch) if RUNTIME.ready else None
+    if evicted is not None and batch.seq_lens is not before:
+        seq_lens = batch.seq_lens
+        batch.seq_lens = seq_lens - evicted.to(seq_lens.device, seq_lens.dtype, non_blocking=True)
+        if batch.seq_lens_cpu is not None:
+            batch.seq_lens_cpu = batch.seq_lens_cpu - evicted.to(batch.seq_lens_cpu.dtype)
+            batch.seq_lens_sum = int(batch.seq_lens_cpu.sum())
     return result
 
 

@@ -18,7 +18,7 @@ from sglang.srt.layers.rotary_embedding import base
 assert schedule_policy.CLIP_MAX_NEW_TOKENS == 81, schedule_policy.CLIP_MAX_NEW_TOKENS
 assert base._is_cpu is True
 n = 0
-for target, kind, body, why in hooks._hook_table():
+for target, kind, body, why in hooks._hook_table() + hooks._speculative_hook_table(None):
     obj_path, attr = ("sglang.srt." + target).rsplit(".", 1)
     fn = getattr(pkgutil.resolve_name(obj_path), attr)
     fn = getattr(fn, "__func__", fn)
@@ -34,7 +34,8 @@ def test_every_target_resolves_and_is_wrapped():
     assert r.returncode == 0, r.stderr[-3000:]
     from sglang_zipage import hooks
 
-    assert f"HOOKED {len(hooks._hook_table())}" in r.stdout  # every row checked
+    rows = len(hooks._hook_table()) + len(hooks._speculative_hook_table(None))
+    assert f"HOOKED {rows}" in r.stdout  # every row checked
 
 
 def test_disabled_config_installs_no_hook():

@@ -10,7 +10,8 @@ import torch
 from sglang.srt.mem_cache.allocator.paged import PagedTokenToKVPoolAllocator
 from sglang.srt.mem_cache.allocator.token import TokenToKVPoolAllocator
 from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool, ReqToTokenPool
-from sglang_zipage.compaction import S_MAX_ALIGN, CompactionItem, commit_shadow, plan_compaction
+from sglang_zipage.compaction import (S_MAX_ALIGN, CompactionItem, commit_shadow, plan_compaction,
+                                      shift_tail)
 from sglang_zipage.executor import execute
 from sglang_zipage.kv_layout import LayerKV
 from sglang_zipage.scoring import Queries, ScoringParams
@@ -140,3 +141,59 @@ def test_shadow_compaction_reads_like_in_place_and_keeps_the_tail(page):
         runs[mode] = [b[read] for b in pool.k_buffer + pool.v_buffer]
     for a, b in zip(runs["in_place"], runs["shadow"]):
         assert torch.equal(a, b)
+
+
+def test_speculative_columns_in_flight_are_not_scored_and_follow_the_kept_tokens():
+    """Speculative decoding allocates columns past the committed ones for the step in flight
+    (draft and verify tokens, accepted or not). A compaction scores only the committed
+    suffix; the in-flight columns move, as slots (their KV untouched), right behind the kept
+    tokens, in the target's table and so for the draft's pool at the same slots, whose rows
+    follow the target's (scoring.consensus); both lengths drop by what was evicted."""
+    from types import SimpleNamespace
+
+    from sglang_zipage.budget import Budget, Budgets
+    from sglang_zipage.planner import Planner
+    from sglang_zipage.policy import RequestBudgets
+    from sglang_zipage.request_state import ReqState
+
+    pool, alloc, r2t, g = _setup(1, seed=3)
+    draft = MHATokenToKVPool(size=1024, page_size=1, dtype=torch.float32, head_num=1,
+                             head_dim=DIM, layer_num=1, device="cpu", enable_memory_saver=False)
+    draft.k_buffer[0].copy_(torch.randn(draft.k_buffer[0].shape, generator=g))
+    draft.v_buffer[0].copy_(torch.randn(draft.v_buffer[0].shape, generator=g))
+    c0, k, committed, allocated = 3, 10, 30, 38
+    _give(alloc, r2t, 1, allocated)
+    req = SimpleNamespace(req_pool_idx=1, kv_committed_len=committed,
+                          kv=SimpleNamespace(kv_allocated_len=allocated), zipage=ReqState(c0=c0))
+    planner = Planner(RequestBudgets(Budgets(Budget(k, 8, W, window_scored=False))), None,
+                      layout=None, window=None, shadows=None, allocator=None, stats=None,
+                      decisions=None, pending=[])
+    item = planner.item(req, req.zipage, committed - c0, k)
+    assert (item.suffix, item.tail) == (committed - c0, allocated - committed)
+
+    row_before = r2t.req_to_token[1].clone().long()
+    before = [b.clone() for b in (*pool.k_buffer, *pool.v_buffer, draft.k_buffer[0])]
+    plan, surplus = plan_compaction(r2t.req_to_token, [item], k, 1)
+    assert torch.equal(plan.src_slots[0, :committed - c0], row_before[c0:committed])
+    assert (plan.src_slots[0, committed - c0:] == 0).all()  # nothing in flight is scored
+    shift_tail(r2t.req_to_token, item)
+    ring = torch.randn((LAYERS, 2, W, Q_HEADS, DIM), generator=g)
+    execute(plan, ScoringParams(window=W, decay=0.0), Queries(ring[:, plan.window_slots]),
+            LayerKV(pool.k_buffer, pool.v_buffer), None, DIM ** -0.5,
+            (LayerKV(draft.k_buffer, draft.v_buffer),))
+    alloc.free(surplus)
+
+    row = r2t.req_to_token[1].long()
+    new_len = c0 + k + allocated - committed
+    assert torch.equal(row[:c0 + k], row_before[:c0 + k])  # the kept tokens' own slots
+    assert torch.equal(row[c0 + k:new_len], row_before[committed:allocated])  # in flight
+    in_flight = row_before[committed:allocated]
+    for b, a in zip(before, (*pool.k_buffer, *pool.v_buffer, draft.k_buffer[0])):
+        assert torch.equal(a[in_flight], b[in_flight])  # their KV is not touched
+    # the draft keeps one token set, its window included, in every one of its rows
+    kept = row[c0:c0 + k]
+    orig = before[-1][row_before[c0:committed], 0]
+    match = (draft.k_buffer[0][kept, 0][:, None] == orig[None]).all(-1)
+    assert match.any(1).all()
+    assert torch.equal(draft.k_buffer[0][kept[-W:], 0], orig[-W:])
+    assert set(surplus.tolist()) == set(row_before[c0 + k:committed].tolist())
