@@ -16,7 +16,7 @@ mkdir -p "$wd/logs"
 source benchmarks/device_env.sh || exit 1
 export PYTHONPATH="$PYTHONPATH:/tmp/gguf"
 py=python3
-$py -c 'from sglang_zipage.model import bundled_model_path as p; print(p())' || exit 1
+(cd /tmp && $py -c 'from sglang_zipage.model import bundled_model_path as p; print(p())') || exit 1
 $py benchmarks/scorer_cost.py --commit "${ZIPAGE_COMMIT:-}" --out "$wd/scorer-cost.json" \
     >"$wd/logs/scorer-cost.log" 2>&1 || echo "scorer_cost failed: $wd/logs/scorer-cost.log"
 variants=window,+redundancy,calibrated,calibrated+decay,random,recent

@@ -28,7 +28,7 @@ budgets=(0.125 0.25 0.5)  # the full preset's; one HF process each
 mkdir -p "$out" "$wd/logs"
 log() { echo "[run_h200 $(date +%H:%M:%S)] $*"; }
 
-model=$($py -c 'from sglang_zipage.model import bundled_model_path as p; print(p())') \
+model=$(cd /tmp && $py -c 'from sglang_zipage.model import bundled_model_path as p; print(p())') \
     || { log "the bundled model could not be converted"; exit 1; }
 log "model: $model"
 
