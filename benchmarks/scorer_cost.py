@@ -4,8 +4,8 @@
 Qwen3-8B dims (36 layers, 32 query heads, 8 KV heads, head_dim 128, bf16), requests of
 S = 2048 + 256 suffix tokens compacted to 2048 on permuted slots, batches of 8 and 32. Per
 scorer: the attention stage (kernels.window_attention_scores over W query rows: the window's
-16, or K calibrated queries per head, which the kernel rotates to each request's next
-position as it loads them: query_stats.DeviceQueries.at), and the whole pipeline the engine runs
+16, or K calibrated queries per head rotated to each request's next position:
+query_stats.DeviceQueries.at, kernels.rotate_queries), and the whole pipeline the engine runs
 (scoring.select_and_compact: scoring, top-k, in-place order, compact_kv); CUDA events,
 median of --iters after a warm-up. Also the kernel against its torch twin in bf16 at each W.
 Imports torch, triton, bench_kernels (its timer) and sglang_zipage only.

@@ -4,7 +4,7 @@ Ops (each has a twin `<op>_ref` in `reference.py` with the same signature):
   window_attention_scores(q_window, k_buffers, src_slots, src_lens, sm_scale,
                           key_dtype=None, key_scales=None, rope=None)
       -> [L, R, Hkv, S_max] float32 attention score of each compressible token; with a
-      Rope, the queries are pre-RoPE and rotated to each request's position in the kernel.
+      Rope, the queries are pre-RoPE and rotated to each request's position first (rope.py).
   global_scores(attention, score_buffers, src_slots, src_lens, n_stored, first, pooling,
                 decay, sink, window)
       -> (final, g): pooling (first compaction), decay against the stored global

@@ -12,16 +12,19 @@ slot list and never gathered into a copy.
       group, then mean over the W queries.
 
 Query rows are laid out g-major: row = g * WP + w, padded to WP = pow2 >= 16
-(tl.dot needs 16 rows); a program of pass 1 takes GC heads (GC * WP <= 64 rows
-where the group allows), so a wide group (MLA: every query head shares one latent
-KV head) is split over programs instead of one huge tile. Padded rows load q = 0,
+(tl.dot needs 16 rows); a program of pass 1 takes WPC = min(WP, 64) queries of GC heads
+(GC * WPC <= 64 rows where the group allows), so a wide group (MLA: every query head
+shares one latent KV head) or many queries are split over programs, not one huge tile. Padded rows load q = 0,
 which keeps every number finite; they are dropped before the output is written.
 The head dim is walked in NUM_D chunks of BLOCK_D (one chunk up to 128: MHA; five
 for MLA's 576-wide latent rows), the logits summed over chunks.
 FP8 KV is stored as uint8: KEY_FP8 1 (e4m3) / 2 (e5m2) bitcasts it, multiplies by the
 layer's k_scale and rounds to the query dtype before the dot.
-ROPE (the calibrated scorer): pre-RoPE query rows shared by every request (stride 0), which
-rope.query_tile rotates to the request's position as it loads them: no rotated copy is written.
+Pass 2 walks the W queries in chunks of at most WC = 16 rows, so its tiles stay the same
+size for any W (the calibrated scorer's K queries per head): its cost grows with W, its
+registers do not.
+Pre-RoPE queries (the calibrated scorer's, kernels.Rope) are rotated to each request's
+position first (rope.rotate_queries: a copy the size of the window's gathered rows).
 Twin: reference.window_attention_scores_ref.
 """
 
@@ -33,7 +36,7 @@ import torch
 import triton.language as tl
 
 from sglang_zipage.kernels.reference import Rope
-from sglang_zipage.kernels.rope import query_tile as _query_tile
+from sglang_zipage.kernels.rope import rotate_queries
 from sglang_zipage.kernels.utils import (
     FP8_CODES,
     cdiv,
@@ -52,21 +55,21 @@ MAX_SPLITS = 16  # pass-1 splits of a row (a power of two >= 2: pass 2's tile)
 
 @lazy_jit(batch_args=("R", "chunks_per_split", "n_splits"))
 def _window_lse_kernel(
-    q_ptr, k_table, scale_ptr, src_slots_ptr, src_lens_ptr, m_ptr, l_ptr, cs_ptr, pos_ptr,
+    q_ptr, k_table, scale_ptr, src_slots_ptr, src_lens_ptr, m_ptr, l_ptr,
     R, chunks_per_split, n_splits,
     stride_ql, stride_qr, stride_qw, stride_qh,
-    stride_ks, stride_kh, stride_src_r, stride_cs,
+    stride_ks, stride_kh, stride_src_r,
     qk_scale,
     W: tl.constexpr, G: tl.constexpr, HKV: tl.constexpr, WP: tl.constexpr,
-    GP: tl.constexpr, GC: tl.constexpr, D: tl.constexpr, BLOCK_D: tl.constexpr,
-    NUM_D: tl.constexpr, BLOCK_S: tl.constexpr,
+    GP: tl.constexpr, GC: tl.constexpr, WPC: tl.constexpr, D: tl.constexpr,
+    BLOCK_D: tl.constexpr, NUM_D: tl.constexpr, BLOCK_S: tl.constexpr,
     KV_DTYPE: tl.constexpr, PRECISION: tl.constexpr,
     KEY_FP8: tl.constexpr, Q_DTYPE: tl.constexpr,
-    ROPE: tl.constexpr, ROT_START: tl.constexpr, ROT_HALF: tl.constexpr, NEOX: tl.constexpr,
 ):
     pid = tl.program_id(0)
     split = tl.program_id(1)
-    gchunk = tl.program_id(2)
+    gchunk = tl.program_id(2) // (WP // WPC)  # GC heads x WPC queries per program
+    wchunk = tl.program_id(2) % (WP // WPC)
     h = pid % HKV
     r = (pid // HKV) % R
     layer = pid // (HKV * R)
@@ -78,31 +81,31 @@ def _window_lse_kernel(
     if KEY_FP8:
         k_scale = tl.load(scale_ptr + layer)
 
-    rows = tl.arange(0, WP * GC)
-    g = gchunk * GC + rows // WP
-    w = rows % WP
+    rows = tl.arange(0, WPC * GC)
+    g = gchunk * GC + rows // WPC
+    w = wchunk * WPC + rows % WPC
     row_ok = (g < G) & (w < W)
     q_off = layer.to(tl.int64) * stride_ql + r * stride_qr + w * stride_qw + (h * G + g) * stride_qh
     if NUM_D == 1:  # the whole head dim in one tile: load the queries once
         d = tl.arange(0, BLOCK_D)
-        q = _query_tile(q_ptr, q_off, d, row_ok[:, None] & (d < D)[None, :], r, pos_ptr, cs_ptr,
-                        stride_cs, ROPE, ROT_START, ROT_HALF, NEOX, Q_DTYPE)
+        q = tl.load(q_ptr + q_off[:, None] + d[None, :],
+                    mask=row_ok[:, None] & (d < D)[None, :], other=0.0)
 
-    m_i = tl.full([WP * GC], float("-inf"), tl.float32)
-    l_i = tl.zeros([WP * GC], tl.float32)
+    m_i = tl.full([WPC * GC], float("-inf"), tl.float32)
+    l_i = tl.zeros([WPC * GC], tl.float32)
     c_begin = split * chunks_per_split
     c_end = tl.minimum(c_begin + chunks_per_split, (length + BLOCK_S - 1) // BLOCK_S)
     for c in range(c_begin, c_end):
         s = c * BLOCK_S + tl.arange(0, BLOCK_S)
         s_ok = s < length
         slot = tl.load(src_slots_ptr + r * stride_src_r + s, mask=s_ok, other=0)
-        x = tl.zeros([WP * GC, BLOCK_S], tl.float32)
+        x = tl.zeros([WPC * GC, BLOCK_S], tl.float32)
         for dc in tl.static_range(NUM_D):
             d = dc * BLOCK_D + tl.arange(0, BLOCK_D)
             d_ok = d < D
             if NUM_D > 1:
-                q = _query_tile(q_ptr, q_off, d, row_ok[:, None] & d_ok[None, :], r, pos_ptr,
-                                cs_ptr, stride_cs, ROPE, ROT_START, ROT_HALF, NEOX, Q_DTYPE)
+                q = tl.load(q_ptr + q_off[:, None] + d[None, :],
+                            mask=row_ok[:, None] & d_ok[None, :], other=0.0)
             k = tl.load(k_base + slot[:, None] * stride_ks + h * stride_kh + d[None, :],
                         mask=s_ok[:, None] & d_ok[None, :], other=0)
             if KEY_FP8 == 1:
@@ -115,24 +118,23 @@ def _window_lse_kernel(
         m_new = tl.maximum(m_i, tl.max(x, 1))
         l_i = l_i * tl.exp2(m_i - m_new) + tl.sum(tl.exp2(x - m_new[:, None]), 1)
         m_i = m_new
-    out = (pid * n_splits + split) * (WP * GP) + gchunk * (WP * GC) + rows
+    out = (pid * n_splits + split) * (WP * GP) + g * WP + w
     tl.store(m_ptr + out, m_i)
     tl.store(l_ptr + out, l_i)
 
 
 @lazy_jit(batch_args=("R", "n_splits"))
 def _window_probs_kernel(
-    q_ptr, k_table, scale_ptr, src_slots_ptr, src_lens_ptr, m_ptr, l_ptr, out_ptr, cs_ptr,
-    pos_ptr, R, S_max, n_splits,
+    q_ptr, k_table, scale_ptr, src_slots_ptr, src_lens_ptr, m_ptr, l_ptr, out_ptr,
+    R, S_max, n_splits,
     stride_ql, stride_qr, stride_qw, stride_qh,
-    stride_ks, stride_kh, stride_src_r, stride_cs,
+    stride_ks, stride_kh, stride_src_r,
     qk_scale,
-    W: tl.constexpr, G: tl.constexpr, HKV: tl.constexpr, WP: tl.constexpr,
+    W: tl.constexpr, G: tl.constexpr, HKV: tl.constexpr, WP: tl.constexpr, WC: tl.constexpr,
     GP: tl.constexpr, D: tl.constexpr, BLOCK_D: tl.constexpr, NUM_D: tl.constexpr,
     BLOCK_S: tl.constexpr, SPLITS_P: tl.constexpr,
     KV_DTYPE: tl.constexpr, PRECISION: tl.constexpr,
     KEY_FP8: tl.constexpr, Q_DTYPE: tl.constexpr,
-    ROPE: tl.constexpr, ROT_START: tl.constexpr, ROT_HALF: tl.constexpr, NEOX: tl.constexpr,
 ):
     pid = tl.program_id(0)
     block = tl.program_id(1)
@@ -156,36 +158,37 @@ def _window_probs_kernel(
             k = (k.to(tl.float8e4nv, bitcast=True).to(tl.float32) * k_scale).to(Q_DTYPE)
         elif KEY_FP8 == 2:
             k = (k.to(tl.float8e5, bitcast=True).to(tl.float32) * k_scale).to(Q_DTYPE)
-    w = tl.arange(0, WP)
-    w_ok = w < W
     sp = tl.arange(0, SPLITS_P)
-    part = (pid * n_splits + sp[:, None]) * (WP * GP) + w[None, :]  # [SPLITS_P, WP]
     sp_ok = (sp < n_splits)[:, None]
-    q_row = layer.to(tl.int64) * stride_ql + r * stride_qr + w * stride_qw
-    best = tl.zeros([WP, BLOCK_S], tl.float32)
-    for g in range(G):
-        m_p = tl.load(m_ptr + part + g * WP, mask=sp_ok, other=float("-inf"))
-        l_p = tl.load(l_ptr + part + g * WP, mask=sp_ok, other=0.0)
-        m_max = tl.max(m_p, 0)  # split 0 always holds key 0: finite
-        lse = m_max + tl.log2(tl.sum(l_p * tl.exp2(m_p - m_max[None, :]), 0))
-        x = tl.zeros([WP, BLOCK_S], tl.float32)
-        for dc in tl.static_range(NUM_D):
-            d = dc * BLOCK_D + tl.arange(0, BLOCK_D)
-            d_ok = d < D
-            q = _query_tile(q_ptr, q_row + (h * G + g) * stride_qh, d,
-                            w_ok[:, None] & d_ok[None, :], r, pos_ptr, cs_ptr, stride_cs,
-                            ROPE, ROT_START, ROT_HALF, NEOX, Q_DTYPE)
-            if NUM_D > 1:
-                k = tl.load(k_base + slot[:, None] * stride_ks + h * stride_kh + d[None, :],
-                            mask=s_ok[:, None] & d_ok[None, :], other=0)
-                if KEY_FP8 == 1:
-                    k = (k.to(tl.float8e4nv, bitcast=True).to(tl.float32) * k_scale).to(Q_DTYPE)
-                elif KEY_FP8 == 2:
-                    k = (k.to(tl.float8e5, bitcast=True).to(tl.float32) * k_scale).to(Q_DTYPE)
-            x += tl.dot(q, tl.trans(k), input_precision=PRECISION)
-        best = tl.maximum(best, tl.exp2(x * qk_scale - lse[:, None]))  # max over the group
-    best = tl.where(w_ok[:, None] & s_ok[None, :], best, 0.0)
-    score = tl.sum(best, 0) / W  # mean over the window
+    score = tl.zeros([BLOCK_S], tl.float32)
+    for wc in tl.static_range(0, WP, WC):  # the queries in chunks of WC rows
+        w = wc + tl.arange(0, WC)
+        w_ok = w < W
+        part = (pid * n_splits + sp[:, None]) * (WP * GP) + w[None, :]  # [SPLITS_P, WC]
+        q_row = layer.to(tl.int64) * stride_ql + r * stride_qr + w * stride_qw
+        best = tl.zeros([WC, BLOCK_S], tl.float32)
+        for g in range(G):
+            m_p = tl.load(m_ptr + part + g * WP, mask=sp_ok, other=float("-inf"))
+            l_p = tl.load(l_ptr + part + g * WP, mask=sp_ok, other=0.0)
+            m_max = tl.max(m_p, 0)  # split 0 always holds key 0: finite
+            lse = m_max + tl.log2(tl.sum(l_p * tl.exp2(m_p - m_max[None, :]), 0))
+            x = tl.zeros([WC, BLOCK_S], tl.float32)
+            for dc in tl.static_range(NUM_D):
+                d = dc * BLOCK_D + tl.arange(0, BLOCK_D)
+                d_ok = d < D
+                q = tl.load(q_ptr + q_row[:, None] + (h * G + g) * stride_qh + d[None, :],
+                            mask=w_ok[:, None] & d_ok[None, :], other=0.0)
+                if NUM_D > 1:
+                    k = tl.load(k_base + slot[:, None] * stride_ks + h * stride_kh + d[None, :],
+                                mask=s_ok[:, None] & d_ok[None, :], other=0)
+                    if KEY_FP8 == 1:
+                        k = (k.to(tl.float8e4nv, bitcast=True).to(tl.float32) * k_scale).to(Q_DTYPE)
+                    elif KEY_FP8 == 2:
+                        k = (k.to(tl.float8e5, bitcast=True).to(tl.float32) * k_scale).to(Q_DTYPE)
+                x += tl.dot(q, tl.trans(k), input_precision=PRECISION)
+            best = tl.maximum(best, tl.exp2(x * qk_scale - lse[:, None]))  # max over the group
+        score += tl.sum(tl.where(w_ok[:, None], best, 0.0), 0)
+    score = tl.where(s_ok, score / W, 0.0)  # mean over the window
     tl.store(out_ptr + pid.to(tl.int64) * S_max + s, score, mask=s < S_max)
 
 
@@ -244,16 +247,20 @@ def window_attention_scores(
         return out
 
     config = config or {}
+    if rope is not None:  # pre-RoPE rows: rotated to each request's position, once
+        q_window = rotate_queries(q_window, rope)
     g = hq // hkv
     wp = max(16, next_pow2(w))
-    gc = min(next_pow2(g), max(1, 64 // wp))  # heads per pass-1 program
+    wpc = min(wp, 64)  # queries per pass-1 program ...
+    gc = min(next_pow2(g), max(1, 64 // wpc))  # ... of this many heads: <= 64 rows
     n_gchunks = cdiv(g, gc)
+    n_programs = n_gchunks * (wp // wpc)
     gp = n_gchunks * gc  # rows of a group in the partials, padded
+    wc = min(wp, 16)  # queries per pass-2 chunk
     block_d = min(max(16, next_pow2(d)), MAX_BLOCK_D)
-    rows = wp * gc
     num_d = cdiv(d, block_d)
-    lse_block, lse_warps = config.get("lse", TUNING[("lse", rows <= 64)])
-    probs_block, probs_warps = config.get("probs", TUNING[("probs", wp * next_pow2(g) <= 64)])
+    lse_block, lse_warps = config.get("lse", TUNING[("lse", wpc * gc <= 64)])
+    probs_block, probs_warps = config.get("probs", TUNING[("probs", wc * next_pow2(g) <= 64)])
     # Rows wider than one head-dim block (MLA's 576): without software pipelining and with
     # 32-key blocks, so a program's shared memory holds one chunk of q and k at a time (the
     # pipelined 64-key version asks for more than the H200's 227 KiB in bf16).
@@ -264,7 +271,7 @@ def window_attention_scores(
     n_chunks = cdiv(s_max, lse_block)
     # Enough pass-1 programs to fill the GPU about 4 times over, at most MAX_SPLITS (pass 2
     # reads MAX_SPLITS partials, masked: one compiled variant for every batch).
-    n_splits = config.get("n_splits") or cdiv(4 * num_sms(device), lrh * n_gchunks)
+    n_splits = config.get("n_splits") or cdiv(4 * num_sms(device), lrh * n_programs)
     n_splits = max(1, min(n_splits, n_chunks, MAX_SPLITS))
     chunks_per_split = cdiv(n_chunks, n_splits)
     n_splits = cdiv(n_chunks, chunks_per_split)
@@ -272,7 +279,6 @@ def window_attention_scores(
     l_part = torch.empty_like(m_part)
     table = layer_ptr_table(k_buffers)
     scales = key_scales if key_scales is not None else out  # read only with FP8 keys
-    cs, positions = (rope.cos_sin, rope.positions) if rope else (out, src_lens)  # read with rope
     k0 = k_buffers[0]
     common = dict(
         stride_ql=q_window.stride(0), stride_qr=q_window.stride(1),
@@ -284,17 +290,15 @@ def window_attention_scores(
         # fp32 inputs: exact fp32 products rather than the TF32 default of tl.dot.
         PRECISION="ieee" if q_window.dtype == torch.float32 else "tf32",
         KEY_FP8=FP8_CODES.get(key_dtype, 0), Q_DTYPE=triton_dtype(q_window.dtype),
-        stride_cs=cs.stride(0), ROPE=rope is not None, ROT_START=rope.start if rope else 0,
-        NEOX=bool(rope and rope.neox), ROT_HALF=rope.cos_sin.shape[-1] // 2 if rope else 1,
     )
-    _window_lse_kernel[(lrh, n_splits, n_gchunks)](
-        q_window, table, scales, src_slots, src_lens, m_part, l_part, cs, positions,
-        n_req, chunks_per_split, n_splits, GC=gc, BLOCK_S=lse_block, num_warps=lse_warps, **wide,
-        **common,
+    _window_lse_kernel[(lrh, n_splits, n_programs)](
+        q_window, table, scales, src_slots, src_lens, m_part, l_part,
+        n_req, chunks_per_split, n_splits, GC=gc, WPC=wpc, BLOCK_S=lse_block,
+        num_warps=lse_warps, **wide, **common,
     )
     _window_probs_kernel[(lrh, cdiv(s_max, probs_block))](
-        q_window, table, scales, src_slots, src_lens, m_part, l_part, out, cs, positions,
-        n_req, s_max, n_splits, SPLITS_P=MAX_SPLITS,
+        q_window, table, scales, src_slots, src_lens, m_part, l_part, out,
+        n_req, s_max, n_splits, WC=wc, SPLITS_P=MAX_SPLITS,
         BLOCK_S=probs_block, num_warps=probs_warps, **wide, **common,
     )
     return out

@@ -82,9 +82,9 @@ class BufferShapes:
         return self.scored_layers * window * self.query_heads * self.query_width * self.query_bytes
 
     def launch_query_bytes(self, window: int) -> int:
-        """The queries one request brings to a scoring launch: a copy of its window slot;
-        none with the calibrated scorer (the kernel rotates the shared rows as it reads them)."""
-        return self.slot_bytes(window)
+        """The queries one request brings to a scoring launch: a copy of its window slot, or
+        the calibrated scorer's rows rotated to its position (kernels.rotate_queries)."""
+        return self.slot_bytes(window) if self.query_window else self.stats_bytes
 
     def window_bytes(self, slots: int, window: int) -> int:
         """The ring holds one dump row beside the slots (query_window.py)."""

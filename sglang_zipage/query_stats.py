@@ -8,10 +8,11 @@ answers with what each head's queries look like, measured once per model over or
 rotary pair (``mean``, ``pair_norm``: the single-query statistics published scorers use).
 Rotated to a request's next position, the K centroids score a cached key as K typical
 queries would: keys are cached after RoPE, so the key's own position enters only through its
-stored rotation and nothing is inverted. In the engine (``DeviceQueries``) the window-attention
-kernel rotates them to each request's position as it loads them (kernels.Rope) and scores them
-as it scores W stored queries; ``expected_queries`` is the same rotation in torch, for the HF
-reference. No per-request state: the file's few MB replace the query window.
+stored rotation and nothing is inverted. In the engine (``DeviceQueries``) a compaction
+rotates them to each of its requests' positions (kernels.Rope: one copy per request, the size
+of a window slot for K = W) and scores them as it scores W stored queries;
+``expected_queries`` is the same rotation in torch, for the HF reference. No per-request
+state: the file's few MB replace the query window.
 
 Rotary pairs follow the model's style: ``neox`` pairs dim i with i + R/2, else 2i with 2i+1;
 dims past R are not rotated. ``cos_sin`` is the model's own table (SGLang's
@@ -196,7 +197,7 @@ class DeviceQueries:
     """The calibrated scorer's queries on the device: the statistics' centroids of the scored
     layers and this rank's query heads in the model's dtype, [L, 1, K, Hq, D], and the
     model's RoPE table; ``at`` hands them to a plan's scoring with its requests' next
-    positions, which the kernel rotates them to. ``start``: where the rotary dims begin in a
+    positions, which the scoring rotates them to. ``start``: where the rotary dims begin in a
     stored query row (0; MLA's compact q_nope | q_rope: the nope width)."""
 
     def __init__(self, stats: QueryStats, layers: Sequence[int], heads: slice,

@@ -106,7 +106,7 @@ def attention_scores(queries: Queries, kv: LayerKV, src_slots: torch.Tensor,
     """Stage 1 over the scored layers: [L, R, Hkv, S_max]. A compact MLA window is absorbed
     a few layers at a time, so the absorbed copy stays within ABSORB_SCRATCH_BYTES; calibrated
     rows, the same for every request, are absorbed once and expanded (their rope part moves
-    to the end of the latent row)."""
+    to the end of the latent row), and their rotated copies stay within it too."""
     rows, rope = queries
     if kv.absorb is None:
         return window_attention_scores(rows, kv.keys, src_slots, src_lens, sm_scale,
@@ -116,6 +116,8 @@ def attention_scores(queries: Queries, kv: LayerKV, src_slots: torch.Tensor,
     if rope is not None:
         rows, rope = rows[:, :1], rope._replace(start=width - kv.absorb.rope_dim)
     per_layer = rows[0].numel() // rows.shape[-1] * width * rows.element_size()
+    if rope is not None:  # rotated per request: a copy for each (kernels.rotate_queries)
+        per_layer *= n_req
     step = max(1, ABSORB_SCRATCH_BYTES // max(1, per_layer))
     out = []
     for lo in range(0, n_layers, step):

@@ -35,6 +35,60 @@ def fidelity_table(root: str = ".", prefix: str = "") -> str:
             f"{link('fidelity.json', prefix)}.")
 
 
+CALIBRATED_VARIANTS = ("window", "calibrated", "calibrated+decay", "random")
+
+
+def calibrated_table(root: str = ".", prefix: str = "") -> str:
+    """The calibrated scorer beside the window scorer: NLL ratio of the engine and the HF
+    reference per budget, the statistics measured on code only, and a compaction's cost."""
+    res = load_json(root, "fidelity-calibrated-h100.json")
+    cells = {(r["impl"], r["budget_frac"], r["variant"]): r for r in res["results"]}
+    noise = {(e["budget_frac"], e["variant"]): e["within_noise"] for e in res["engine_vs_hf"]}
+
+    def cell(impl, frac, v):
+        r = cells.get((impl, frac, v))
+        if r is None:
+            return "-"
+        lo, hi = r["nll_ratio_ci95"]
+        return f"{r['nll_ratio']:.4f} [{lo:.4f}, {hi:.4f}]"
+
+    rows = []
+    for frac in sorted({f for _, f, _ in cells}):
+        tokens = next(r["budget_tokens"] for (_, f, _), r in cells.items() if f == frac)
+        for v in CALIBRATED_VARIANTS:
+            rows.append([f"{100 * frac:g}% ({tokens})", v, cell("engine", frac, v),
+                         cell("hf", frac, v), "yes" if noise.get((frac, v)) else "no"])
+    cfg = res["config"]
+    out = (md_table(("budget", "scorer", "engine NLL ratio [95% CI]", "HF reference",
+                     "engine = HF within noise"), rows)
+           + f"\n\n{cfg['n_texts']} texts x {cfg['cont_len']} teacher-forced tokens, "
+           f"{res['device']}, commit {short_commit(res['git_sha'])}: "
+           f"{link('fidelity-calibrated-h100.json', prefix)}.")
+    code = load_json(root, "fidelity-calibrated-code-h100.json")
+    rc = code["rows"]
+    d = rc["calibrated64"]["minus_window"]
+    out += (f"\n\nStatistics measured on code only ({code['calibration']['tokens']} tokens), "
+            f"HF reference at budget {code['settings']['budget']}: calibrated "
+            f"{rc['calibrated64']['nll_ratio']:.4f}, window {rc['window']['nll_ratio']:.4f} "
+            f"(difference {d['diff']:+.4f}, 95% CI [{d['ci95'][0]:+.4f}, {d['ci95'][1]:+.4f}]): "
+            f"{link('fidelity-calibrated-code-h100.json', prefix)}.")
+    cost = load_json(root, "scorer-cost-h100.json")
+    dims = cost["dims"]
+    crow = [[r["scorer"], r["queries_per_head"],
+             "-" if r["scorer"] == "window" else f"{r['stats_bytes'] / 2**20:.1f}",
+             f"{r['batch8_attention_ms']:.2f}", f"{r['batch8_compress_ms']:.2f}",
+             f"{r['batch32_attention_ms']:.2f}", f"{r['batch32_compress_ms']:.2f}"]
+            for r in cost["rows"]]
+    out += ("\n\n" + md_table(("scorer", "queries per head", "statistics MiB",
+                                 "8 requests: attention ms", "8: whole compaction ms",
+                                 "32: attention ms", "32: whole compaction ms"), crow)
+            + f"\n\n{dims['layers']} layers, {dims['q_heads']} query and {dims['kv_heads']} "
+            f"KV heads, head_dim {dims['head_dim']}, {dims['suffix']} -> {dims['kept']} tokens "
+            f"per request, bf16; {cost['gpu']}, commit {short_commit(cost['commit'])}: "
+            f"{link('scorer-cost-h100.json', prefix)}.")
+    return out
+
+
 def kernels_table(root: str = ".", prefix: str = "") -> str:
     """The compaction pipeline per batch (milliseconds, CUDA events) and its bandwidth."""
     res = load_json(root, "kernels-h200.json")

@@ -35,6 +35,7 @@ BLOCKS: Dict[str, Callable[[str, str], str]] = {
     "results-first-wave": lambda root, p: tb.first_wave_table(tb.first_wave_pairs(root), p),
     "results-elastic": tb.elastic_table,
     "results-fidelity": ev.fidelity_table,
+    "results-calibrated": ev.calibrated_table,
     "results-kernels": ev.kernels_table,
     "results-coverage": ev.coverage_table,
     "results-composability": ev.composability_table,

@@ -47,6 +47,10 @@ CASES = [
     (8, 128, torch.float16, 1, 16, [60, 200]),
     (4, 64, torch.float32, 1, 5, [17, 90]),
     (8, 64, torch.float32, 16, 16, [33, 256]),
+    # more queries than a tile holds (the calibrated scorer's K per head): pass 2 walks
+    # them in chunks of 16, pass 1 splits W = 130 over programs of 64
+    (4, 64, torch.float32, 1, 40, [17, 90]),
+    (2, 64, torch.float32, 16, 130, [33, 70]),
 ]
 
 
@@ -103,6 +107,23 @@ def test_pre_rope_queries_are_rotated_per_request_as_the_twin_does(g, hkv, d, dt
     torch.testing.assert_close(got, window_attention_scores_ref(*args), **TOL[dtype])
     unrotated = window_attention_scores_ref(q, pool.k, pool.src_slots, pool.src_lens, d**-0.5)
     assert not torch.allclose(got, unrotated, **TOL[dtype])  # the rotation is not a no-op
+
+
+@pytest.mark.parametrize("g,hkv,d,dtype,neox,start,rot", ROPE_CASES)
+def test_rotated_queries_match_the_twin(g, hkv, d, dtype, neox, start, rot):
+    from sglang_zipage.kernels.reference import rope_queries
+    from sglang_zipage.kernels.rope import rotate_queries
+
+    pool = make_pool([5, 6, 7], hkv=hkv, d=d, dtype=dtype)
+    q = make_queries(pool, 2, 3, g, dtype)[:, :1].expand(-1, 3, -1, -1, -1)
+    rope = Rope(rope_table(rot, scale=1.2), torch.tensor([0, 77, 511], device=device()),
+                start, neox)
+    got = rotate_queries(q, rope)
+    assert got.is_contiguous() and got.shape == q.shape
+    torch.testing.assert_close(got, rope_queries(q, rope), **TOL[dtype])
+    plain = rotate_queries(q, rope._replace(cos_sin=rope_table(rot)))
+    assert torch.equal(plain[:, 0], q[:, 0])  # position 0 of an unscaled table: no rotation
+    assert not torch.equal(plain[:, 1], q[:, 1])
 
 
 def test_scores_do_not_depend_on_launch_shape():

@@ -27,7 +27,8 @@ def test_the_plan_holds_no_window_and_counts_the_statistics():
     shapes = memory.BufferShapes(4, 8, 32, 128, 2, stats_queries=16)
     assert shapes.slot_bytes(16) == 0 and shapes.table_bytes(4096) == 0
     assert shapes.stats_bytes == 4 * 16 * 32 * 128 * 2  # in the model dtype
-    assert shapes.launch_query_bytes(16) == 0  # the kernel reads the shared rows: no copy
+    # a launch rotates the rows for each of its requests: one copy each, like a window slot's
+    assert shapes.launch_query_bytes(16) == shapes.stats_bytes
     p = memory.plan(shapes, stock_pool_tokens=100_000, cell_bytes=16384,
                     available_bytes=100_000 * 16384, max_running=4096, limit=2304, window=16,
                     page=1, share=0.03)
