@@ -36,10 +36,12 @@ class Booking:
     rising: List[Tuple[int, int, int]] = field(default_factory=list)
     drops: List[int] = field(default_factory=list)
     period: int = 1
+    fixed: int = 0  # speculative reserve columns they will hold from their next step on
 
     def peak(self) -> int:
-        """What admission sets aside for them: A1's peak plus A1c's."""
-        return peak_growth(self.rising) + cycle_peak(self.drops, self.period)
+        """What admission sets aside for them: A1's peak plus A1c's, and the speculative
+        reserve they do not hold yet."""
+        return peak_growth(self.rising) + cycle_peak(self.drops, self.period) + self.fixed
 
     def add(self, newcomer: Tuple[int, int, int]) -> None:
         """A request admitted in this pass (it starts below its budget: A1)."""
@@ -47,9 +49,25 @@ class Booking:
 
 
 class Admission:
-    def __init__(self, budget_of, stock_clip: int = 4096):
+    """Speculative decoding (``tokens_per_step`` > 1: a step commits 1 .. tokens_per_step
+    tokens, and ``speculative_reserve`` columns past the committed ones are held from a
+    request's first decode step on): A1's time runs in tokens, so a request grows as fast as
+    a step can commit and ends as late as one token a step would end it; it may pass its
+    limit by tokens_per_step - 1 before its compaction; A1c is not used (its phases drift
+    when steps commit varying counts); the reserve is charged at once."""
+
+    def __init__(self, budget_of, stock_clip: int = 4096, speculative_reserve: int = 0,
+                 tokens_per_step: int = 1):
         self.budget_of = budget_of  # req -> its Budget, or None (planner.Planner.budget_of)
         self.stock_clip = stock_clip  # SGLang's output estimate (CLIP_MAX_NEW_TOKENS)
+        self.speculative_reserve = speculative_reserve  # (server_args.speculative_reserve)
+        self.tokens_per_step = tokens_per_step
+
+    def _rise(self, budget: Budget, suffix: int, remaining: int, held: int):
+        """A1's (g, r, d) of a request that holds ``suffix`` tokens, ``held`` of them
+        released at its end, in token time."""
+        k = self.tokens_per_step
+        return budget.reserve(suffix, remaining) + k - 1, (remaining + END_LAG) * k, held
 
     def compresses(self, req) -> Optional[Budget]:
         """The request's budget when its growth is bounded by it, else None."""
@@ -64,14 +82,16 @@ class Admission:
         least its budget and at most its limit, A1c's first drop beside (0, r, budget)."""
         remaining = max(0, req.sampling_params.max_new_tokens - len(req.output_ids))
         suffix = request_state.suffix_len(req, budget)
-        to_cycle = budget.steps_to_cycle(suffix, remaining)
+        booking.fixed += max(0, self.speculative_reserve - request_state.in_flight(req))
+        to_cycle = (budget.steps_to_cycle(suffix, remaining) if self.tokens_per_step == 1
+                    else None)
         if to_cycle is not None:
             booking.rising.append((0, remaining + END_LAG, budget.kv_budget))
             booking.drops.append(to_cycle + END_LAG)
             booking.period = budget.cycle
         else:
-            booking.rising.append((budget.reserve(suffix, remaining), remaining + END_LAG,
-                                   min(suffix, budget.limit)))
+            booking.rising.append(self._rise(budget, suffix, remaining,
+                                             min(suffix, budget.limit)))
 
     def growths(self, reqs) -> Booking:
         """The growth of the running compressing requests of ``reqs`` (A1, A1c)."""
@@ -89,7 +109,7 @@ class Admission:
         if budget is None:
             return None
         remaining = max(0, req.sampling_params.max_new_tokens - len(req.output_ids))
-        return budget.reserve(len(req.output_ids), remaining), remaining + END_LAG, 0
+        return self._rise(budget, len(req.output_ids), remaining, 0)
 
     def marginal(self, growths: Booking, req) -> Optional[int]:
         """What admitting ``req`` adds to the peak of ``growths`` (the running requests and
@@ -98,7 +118,8 @@ class Admission:
         mine = self.newcomer(req)
         if mine is None:
             return None
-        return peak_growth([*growths.rising, mine]) - peak_growth(growths.rising)
+        return (peak_growth([*growths.rising, mine]) - peak_growth(growths.rising)
+                + self.speculative_reserve)
 
     def stock_reserve(self, req) -> int:
         """SGLang's own estimate of what a request that never compresses may still add."""

@@ -166,3 +166,21 @@ def decode_graph_max_bs(server_args, device) -> Optional[int]:
     if device.type != "cuda" or server_args.disable_cuda_graph or decode.backend == "disabled":
         return None
     return max(decode.bs) if decode.bs else decode.max_bs
+
+
+def tokens_per_step(server_args) -> int:
+    """The most tokens a decode step commits: speculative decoding's draft tokens, else 1."""
+    if server_args.speculative_algorithm is None:
+        return 1
+    return max(1, server_args.speculative_num_draft_tokens or 1)
+
+
+def speculative_reserve(server_args) -> int:
+    """KV columns speculative decoding allocates past a request's committed tokens at each
+    decode step (SGLang's draft and verify tokens, doubled for the overlap scheduler's lag):
+    a newcomer holds them from its first decode step on; 0 without speculative decoding."""
+    if server_args.speculative_algorithm is None:
+        return 0
+    from sglang.srt.mem_cache.allocation_sizing import get_alloc_reserve_per_decode
+
+    return get_alloc_reserve_per_decode(server_args)

@@ -187,3 +187,111 @@ def test_a_requests_floor_rides_in_custom_params_and_is_checked_against_its_budg
     squeezing_prompts = ZipageConfig(kv_budget=64, buffer=16, compress_prompt=True)
     assert move_to_custom_params({MIN_BUDGET: 32}, squeezing_prompts, 16)["custom_params"] == {
         MIN_BUDGET: 32}
+
+
+def _speculative_run(pool, jobs, budget, admission, k, reserve, seed):
+    """Decode ``jobs`` ((prompt, output length) each) with speculative steps, admitted by
+    ``admission`` (admission.Admission) as the hooks use it: the first waiting request joins
+    while what the running ones hold, their booked growth and its need fit the pool. A step:
+    requests at or past their limit compact to their budget; each holds ``reserve`` columns
+    past its committed ones while the step runs; the step commits 1 .. k tokens each (seeded);
+    finished ones leave. Returns (most columns held at once, most requests running)."""
+    from types import SimpleNamespace
+
+    from sglang_zipage.request_state import ReqState
+
+    rng = random.Random(seed)
+    waiting = [SimpleNamespace(origin_input_ids=[0] * p, output_ids=[], kv_committed_len=p,
+                               kv=SimpleNamespace(kv_allocated_len=p), zipage=ReqState(c0=p),
+                               sampling_params=SimpleNamespace(max_new_tokens=n),
+                               finished=lambda: False) for p, n in jobs]
+    running, most, most_running = [], 0, 0
+    while waiting or running:
+        while waiting:
+            growths = admission.growths(running)
+            held = sum(r.kv.kv_allocated_len for r in running)
+            if (held + admission.reserved(running, growths, 1.0)
+                    + admission.need(waiting[0], growths, budget.page_size) > pool):
+                break
+            running.append(waiting.pop(0))
+        most_running = max(most_running, len(running))
+        for r in running:
+            suffix = r.kv_committed_len - r.zipage.c0
+            if suffix >= budget.limit:  # compacted, the columns in flight shifted with it
+                evicted = suffix - budget.kv_budget
+                r.kv_committed_len -= evicted
+                r.kv.kv_allocated_len -= evicted
+            r.kv.kv_allocated_len = max(r.kv.kv_allocated_len, r.kv_committed_len + reserve)
+        most = max(most, sum(r.kv.kv_allocated_len for r in running))
+        for r in running:
+            left = r.sampling_params.max_new_tokens - len(r.output_ids)
+            accepted = min(left, rng.randint(1, k))
+            r.output_ids += [1] * accepted
+            r.kv_committed_len += accepted
+        running = [r for r in running if len(r.output_ids) < r.sampling_params.max_new_tokens]
+    return most, most_running
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_speculative_steps_are_booked_in_token_time_and_never_overfill_the_pool(seed):
+    """A step that commits up to k tokens and a reserve held past the committed ones: the
+    booking in token time (fast growth, late ends, the limit passed by k - 1, the reserve
+    charged at once) keeps the pool from overfilling; the booking of one token a step does
+    not."""
+    from sglang_zipage.admission import Admission
+
+    budget, pool, k, reserve = Budget(64, 16, 16), 3000, 4, 8
+    rng = random.Random(seed)
+    jobs = [(rng.randint(16, 48), rng.randint(200, 600)) for _ in range(150)]
+    speculative = Admission(lambda req: budget, speculative_reserve=reserve, tokens_per_step=k)
+    plain = Admission(lambda req: budget)
+    most, running = _speculative_run(pool, jobs, budget, speculative, k, reserve, seed)
+    assert most <= pool
+    assert most > 0.8 * pool and running > 20  # and it still fills the pool
+    assert _speculative_run(pool, jobs, budget, plain, k, reserve, seed)[0] > pool
+
+
+def test_a_booked_peak_covers_steps_that_commit_several_tokens():
+    """Old requests near their end that accept one token a step (so end late) beside new
+    ones that accept 4 (so grow fast): booked one token a step, the new ones' growth before
+    the old ones leave is a quarter of what they grow; booked in token time it is covered."""
+    from types import SimpleNamespace
+
+    from sglang_zipage.admission import Admission
+    from sglang_zipage.request_state import ReqState
+
+    budget, k, reserve = Budget(64, 16, 16), 4, 8
+
+    def req(suffix, remaining, rate):
+        n = suffix + remaining
+        return SimpleNamespace(origin_input_ids=[0] * 32, output_ids=[1] * suffix, rate=rate,
+                               kv_committed_len=32 + suffix,
+                               kv=SimpleNamespace(kv_allocated_len=32 + suffix + reserve),
+                               zipage=ReqState(c0=32), finished=lambda: False,
+                               sampling_params=SimpleNamespace(max_new_tokens=n))
+
+    def reqs():
+        return [req(70, 6, 1) for _ in range(10)] + [req(1, 500, k) for _ in range(10)]
+
+    def most_growth(running):  # each step commits each request's rate
+        start = most = sum(r.kv.kv_allocated_len for r in running)
+        for _ in range(40):
+            for r in running:
+                left = r.sampling_params.max_new_tokens - len(r.output_ids)
+                r.output_ids += [1] * min(r.rate, left)
+                r.kv_committed_len += min(r.rate, left)
+                if r.kv_committed_len - r.zipage.c0 >= budget.limit:
+                    evicted = r.kv_committed_len - r.zipage.c0 - budget.kv_budget
+                    r.kv_committed_len -= evicted
+                    r.kv.kv_allocated_len -= evicted
+                r.kv.kv_allocated_len = max(r.kv.kv_allocated_len, r.kv_committed_len + reserve)
+            running = [r for r in running
+                       if len(r.output_ids) < r.sampling_params.max_new_tokens]
+            most = max(most, sum(r.kv.kv_allocated_len for r in running))
+        return most - start
+
+    grown = most_growth(reqs())
+    in_tokens = Admission(lambda r: budget, speculative_reserve=reserve, tokens_per_step=k)
+    in_steps = Admission(lambda r: budget, speculative_reserve=reserve)
+    assert in_tokens.growths(reqs()).peak() >= grown
+    assert in_steps.growths(reqs()).peak() < grown
