@@ -40,7 +40,8 @@ class ReqState:
     # (re-)prefill: its prompt may reach the tree a step late (0: its turn is over)
     unpublished: int = 0  # columns evicted since its length was last read from the device:
     # speculative decoding's overlap scheduler reads a step's lengths from what the step
-    # before published, which counts them still (read and cleared by ``published``)
+    # before published, which counts them still (read and cleared by ``published``; read
+    # only there: without speculative decoding the schedule's own lengths are published)
 
     def physical(self, logical: int) -> int:
         """A logical length (positions) as the columns it occupies (I5)."""

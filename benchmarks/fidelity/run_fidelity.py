@@ -123,6 +123,9 @@ def parse_args(argv=None):
            "machine ran 5x slower as soon as anything else ran)")
     a("--engine-arg", action="append", default=[], metavar="KEY=VALUE",
       help="extra sglang_zipage.Engine keyword (VALUE parsed as JSON when it can be)")
+    a("--query-stats", default=None, metavar="FILE",
+      help="the calibrated variants' query statistics, in the engine and the HF reference "
+           "(default: the model's own, the bundled model's shipped file)")
     a("--engine-timeout-s", type=int, default=3600)
     a("--parallel", type=int, default=1,
       help="engine configurations run at once, each with its own ports and a pool sized to "
@@ -191,6 +194,8 @@ def engine_kwargs(args, frac, variant, items, free_prompts) -> Dict:
                   zipage_window=args.window)
         if policy != "score":
             kw["zipage_selection"] = policy
+        if params.get("scorer") == "calibrated" and args.query_stats:
+            kw["zipage_query_stats"] = args.query_stats
     kw.update(parse_engine_args(args.engine_arg))
     return kw
 
@@ -483,7 +488,7 @@ def main(argv=None):
         noise_budgets = [f for f in args.budgets if abs(f - 0.25) < 1e-9] or args.budgets
         for impl, dtype, variants in passes:
             ref = HFReference(model_path, dtype=getattr(torch, dtype), device=args.hf_device)
-            ref.query_stats = QueryStats.load(str(stats_file(None, model_path)))  # as the engine
+            ref.query_stats = QueryStats.load(str(stats_file(args.query_stats, model_path)))
             runs_by_impl[impl] = {}
             budgets = args.hf_budgets if impl == "hf" else noise_budgets
             plan = [(None, None)] + [(f, v) for f in budgets for v in variants]
