@@ -82,7 +82,8 @@ class Admission:
         least its budget and at most its limit, A1c's first drop beside (0, r, budget)."""
         remaining = max(0, req.sampling_params.max_new_tokens - len(req.output_ids))
         suffix = request_state.suffix_len(req, budget)
-        booking.fixed += max(0, self.speculative_reserve - request_state.in_flight(req))
+        if self.speculative_reserve:
+            booking.fixed += max(0, self.speculative_reserve - request_state.in_flight(req))
         to_cycle = (budget.steps_to_cycle(suffix, remaining) if self.tokens_per_step == 1
                     else None)
         if to_cycle is not None:
