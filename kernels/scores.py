@@ -192,9 +192,10 @@ def _window_probs_kernel(
     tl.store(out_ptr + pid.to(tl.int64) * S_max + s, score, mask=s < S_max)
 
 
-# (BLOCK_S, num_warps) of each pass, keyed by whether a KV group has <= 64 query rows
-# (WP * GP: W=16 with G <= 4). The <= 64 entries are the fastest of the sweep in
-# benchmarks/bench_kernels.py on an H200 (Qwen3-8B dims, G=4); the others are unmeasured.
+# (BLOCK_S, num_warps) of each pass, keyed by whether its tile has <= 64 query rows (pass 1:
+# WPC * GC, always since it walks W in chunks; pass 2: WC * G, 16 queries of the group's
+# heads). The <= 64 entries are the fastest of the sweep in benchmarks/bench_kernels.py on an
+# H200 (Qwen3-8B dims, G=4); the others are unmeasured.
 TUNING = {
     ("lse", True): (64, 4),
     ("lse", False): (64, 8),
@@ -229,7 +230,7 @@ def window_attention_scores(
         key_dtype: None, or torch.float8_e4m3fn / float8_e5m2 for uint8 keys.
         key_scales: [L] float32 (FP8 k_scale per layer), or None (1).
         rope: None, or pre-RoPE queries (q_window may be expanded over requests, stride 0),
-            rotated to rope.positions[r] in the kernel.
+            rotated to rope.positions[r] first (rope.rotate_queries).
         config: launch tuning only: {"lse": (BLOCK_S, num_warps), "probs": (...),
             "n_splits": int}; missing keys use TUNING and a split heuristic.
 
