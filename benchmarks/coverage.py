@@ -17,6 +17,9 @@ weights seeded alike), CUDA graphs, overlap and SGLang's strict memory checker o
             every answer stays whole, the thinking before it is kept within the answer budget
   memory    zipage's buffers take at most 3% of the pool stock sizes from the same flags;
             start times and zipage's kernel warm-up are recorded
+With --scorer calibrated each row first calibrates its model (python -m sglang_zipage.calibrate's
+capture on a zipage engine of the row's flags, random ids: dummy weights have no tokenizer) and
+its zipage engine scores with those statistics (write such rows to a file of their own).
 A startup refusal is status ``refused``; a failed check, crash or timeout ``fail``. Rows run
 --parallel at a time on one GPU, as GPU_GIB allows; the JSON is written after every row.
 FAMILIES and MATRIX below list the rows; ``coverage.py merge BASE RUN... --out`` folds runs
@@ -124,8 +127,22 @@ def engine_kwargs(row, stock):
     kw["attention_backend"] = backend
     if not row.get("default_pool"):  # else SGLang sizes it from mem_fraction_static, alone
         kw["max_total_tokens"] = POOL_TOKENS.get(row["family"], DEFAULT_POOL_TOKENS)
-    return {**kw, **zipage_kwargs("stock" if stock else "zipage",
-                                  {"mode": "fixed", "kv_budget": budget, "buffer": buffer})}
+    options = {"mode": "fixed", "kv_budget": budget, "buffer": buffer}
+    if row.get("scorer") == "calibrated":
+        options.update(scorer="calibrated", query_stats=row["query_stats"])
+    return {**kw, **zipage_kwargs("stock" if stock else "zipage", options)}
+
+
+def calibrate_row(row) -> None:
+    """The row's model's query statistics (K = calibrate.QUERIES) at row["query_stats"],
+    captured on a zipage engine of the row's flags (window scorer) from random ids."""
+    from sglang_zipage import calibrate
+
+    plain = {k: v for k, v in row.items() if k not in ("scorer", "query_stats")}
+    parts, what = calibrate.calibration_tokens(os.path.join(MODELS, FAMILIES[row["family"]][0]),
+                                               calibrate.DOMAINS, 1024)
+    acc = calibrate.capture(engine_kwargs(plain, stock=False), parts)
+    acc.stats(calibrate.QUERIES, {"texts": what, "row": plain}).save(row["query_stats"])
 
 
 def prompts(row, n, seed):
@@ -304,7 +321,10 @@ def run_row(row, out_path):
     os.environ.update(STRICT_CHECKS_ENV)
     result = dict(row)
     try:
-        refused = refusal(row)
+        refused = refusal({k: v for k, v in row.items() if k not in ("scorer", "query_stats")})
+        if not refused and row.get("scorer") == "calibrated":
+            calibrate_row(row)
+            refused = refusal(row)  # the statistics' shape against the model's
         if refused:
             stock = zipage = {"refused": refused}
         else:
@@ -329,8 +349,13 @@ def drive(args):
                                     str(r["page_size"])) in want]
     if args.default_pool:
         todo = [{**r, "default_pool": True} for r in todo]
-    todo.sort(key=lambda r: r["family"] != "deepseek-v3")  # the issue's rows first
     workdir = args.workdir or os.path.dirname(os.path.abspath(args.out))
+    if args.scorer == "calibrated":
+        todo = [{**r, "scorer": "calibrated",
+                 "query_stats": os.path.join(workdir, "stats-{family}-{kv_dtype}-{attention_backend}"
+                                             "-{page_size}.safetensors".format(**r))}
+                for r in todo]
+    todo.sort(key=lambda r: r["family"] != "deepseek-v3")  # the issue's rows first
     os.makedirs(workdir, exist_ok=True)
     deadline = time.monotonic() + args.deadline_s
     report = {"command": command_line(prog="python3 benchmarks/coverage.py"),
@@ -447,6 +472,8 @@ def main():
     p.add_argument("--parallel", type=int, default=6)
     p.add_argument("--deadline-s", type=float, default=540)
     p.add_argument("--workdir", default=None, help="per-row JSON and logs (default: next to --out)")
+    p.add_argument("--scorer", default="window", choices=["window", "calibrated"],
+                   help="the zipage engines' scorer (calibrated: each row calibrates first)")
     p.add_argument("--default-pool", action="store_true",
                    help="pools sized by SGLang from mem_fraction_static (run rows one at a time)")
     drive(p.parse_args())
