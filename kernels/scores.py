@@ -161,7 +161,7 @@ def _window_probs_kernel(
     sp = tl.arange(0, SPLITS_P)
     sp_ok = (sp < n_splits)[:, None]
     score = tl.zeros([BLOCK_S], tl.float32)
-    for wc in tl.static_range(0, WP, WC):  # the queries in chunks of WC rows
+    for wc in tl.static_range(0, W, WC):  # the queries in chunks of WC rows
         w = wc + tl.arange(0, WC)
         w_ok = w < W
         part = (pid * n_splits + sp[:, None]) * (WP * GP) + w[None, :]  # [SPLITS_P, WC]
