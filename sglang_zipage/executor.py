@@ -56,7 +56,7 @@ def windowless(params: ScoringParams) -> ScoringParams:
 
 class Executor:
     def __init__(self, params: ScoringParams, kv, window, score_buffer, sm_scale: float,
-                 queue, shadows, stats, device: torch.device, calibrated=None, followers=()):
+                 queue, shadows, stats, device: torch.device, calibrated=None):
         self.params = params
         self.kv = kv  # the pool's buffers, as the layout hands them over
         self.window = window
@@ -68,7 +68,7 @@ class Executor:
         self.stats = stats
         self.device = device
         self.calibrated = calibrated  # query_stats.DeviceQueries, or None (the window scores)
-        self.followers = tuple(followers)  # LayerKV of pools at the same slots (a draft's)
+        self.followers = ()  # LayerKV of pools at the same slots (a draft's: ``follow``)
 
     def follow(self, kv) -> None:
         """Compact ``kv`` (a pool at the same slots: a speculative draft's) with every plan."""
