@@ -41,6 +41,7 @@ from sglang_zipage.kernels.utils import (
     FP8_CODES,
     cdiv,
     check_window_inputs,
+    jit_helper,
     layer_ptr_table,
     lazy_jit,
     next_pow2,
@@ -51,6 +52,20 @@ from sglang_zipage.kernels.utils import (
 _LOG2E = 1.4426950408889634
 MAX_BLOCK_D = 128  # head-dim chunk: larger rows (MLA 576) are walked in chunks
 MAX_SPLITS = 16  # pass-1 splits of a row (a power of two >= 2: pass 2's tile)
+
+
+@jit_helper
+def _key_tile(k_base, slot, stride_ks, h, stride_kh, d, mask, k_scale,
+              KEY_FP8: tl.constexpr, Q_DTYPE: tl.constexpr):
+    """Keys of one block of slots x dims d in the query dtype: FP8 ones (uint8) bitcast,
+    scaled by the layer's k_scale and rounded, as the twin reads them."""
+    k = tl.load(k_base + slot[:, None] * stride_ks + h * stride_kh + d[None, :], mask=mask,
+                other=0)
+    if KEY_FP8 == 1:
+        k = (k.to(tl.float8e4nv, bitcast=True).to(tl.float32) * k_scale).to(Q_DTYPE)
+    elif KEY_FP8 == 2:
+        k = (k.to(tl.float8e5, bitcast=True).to(tl.float32) * k_scale).to(Q_DTYPE)
+    return k
 
 
 @lazy_jit(batch_args=("R", "chunks_per_split", "n_splits"))
@@ -106,12 +121,8 @@ def _window_lse_kernel(
             if NUM_D > 1:
                 q = tl.load(q_ptr + q_off[:, None] + d[None, :],
                             mask=row_ok[:, None] & d_ok[None, :], other=0.0)
-            k = tl.load(k_base + slot[:, None] * stride_ks + h * stride_kh + d[None, :],
-                        mask=s_ok[:, None] & d_ok[None, :], other=0)
-            if KEY_FP8 == 1:
-                k = (k.to(tl.float8e4nv, bitcast=True).to(tl.float32) * k_scale).to(Q_DTYPE)
-            elif KEY_FP8 == 2:
-                k = (k.to(tl.float8e5, bitcast=True).to(tl.float32) * k_scale).to(Q_DTYPE)
+            k = _key_tile(k_base, slot, stride_ks, h, stride_kh, d, s_ok[:, None] & d_ok[None, :],
+                          k_scale, KEY_FP8, Q_DTYPE)
             x += tl.dot(q, tl.trans(k), input_precision=PRECISION)
         x = tl.where(s_ok[None, :], x * qk_scale, float("-inf"))
         # Every visited block holds >= 1 valid key, so m_new is finite.
@@ -152,12 +163,8 @@ def _window_probs_kernel(
     slot = tl.load(src_slots_ptr + r * stride_src_r + s, mask=s_ok, other=0)
     if NUM_D == 1:  # the whole head dim in one tile: load the keys once for every head
         d = tl.arange(0, BLOCK_D)
-        k = tl.load(k_base + slot[:, None] * stride_ks + h * stride_kh + d[None, :],
-                    mask=s_ok[:, None] & (d < D)[None, :], other=0)
-        if KEY_FP8 == 1:
-            k = (k.to(tl.float8e4nv, bitcast=True).to(tl.float32) * k_scale).to(Q_DTYPE)
-        elif KEY_FP8 == 2:
-            k = (k.to(tl.float8e5, bitcast=True).to(tl.float32) * k_scale).to(Q_DTYPE)
+        k = _key_tile(k_base, slot, stride_ks, h, stride_kh, d, s_ok[:, None] & (d < D)[None, :],
+                      k_scale, KEY_FP8, Q_DTYPE)
     sp = tl.arange(0, SPLITS_P)
     sp_ok = (sp < n_splits)[:, None]
     score = tl.zeros([BLOCK_S], tl.float32)
@@ -179,12 +186,8 @@ def _window_probs_kernel(
                 q = tl.load(q_ptr + q_row[:, None] + (h * G + g) * stride_qh + d[None, :],
                             mask=w_ok[:, None] & d_ok[None, :], other=0.0)
                 if NUM_D > 1:
-                    k = tl.load(k_base + slot[:, None] * stride_ks + h * stride_kh + d[None, :],
-                                mask=s_ok[:, None] & d_ok[None, :], other=0)
-                    if KEY_FP8 == 1:
-                        k = (k.to(tl.float8e4nv, bitcast=True).to(tl.float32) * k_scale).to(Q_DTYPE)
-                    elif KEY_FP8 == 2:
-                        k = (k.to(tl.float8e5, bitcast=True).to(tl.float32) * k_scale).to(Q_DTYPE)
+                    k = _key_tile(k_base, slot, stride_ks, h, stride_kh, d,
+                                  s_ok[:, None] & d_ok[None, :], k_scale, KEY_FP8, Q_DTYPE)
                 x += tl.dot(q, tl.trans(k), input_precision=PRECISION)
             best = tl.maximum(best, tl.exp2(x * qk_scale - lse[:, None]))  # max over the group
         score += tl.sum(tl.where(w_ok[:, None], best, 0.0), 0)
