@@ -40,12 +40,12 @@ def copy_slots(copy: SlotCopy, kv, followers=()) -> None:
     """Every layer's and head's KV of copy.src into copy.dst (disjoint slots), in the pool
     and its followers."""
     n = copy.src.numel()
-    pools = (kv, *followers)
-    for keys, values in [(b.keys, b.values) for b in pools] + [(b.recent_keys, b.recent_values)
-                                                                for b in pools]:
-        if keys:
-            keep = torch.arange(n, device=copy.src.device).expand(len(keys), 1, keys[0].shape[1], n)
-            compact_kv(keys, values, None, copy.src[None], keep, copy.dst[None], None)
+    for pool in (kv, *followers):
+        for keys, values in ((pool.keys, pool.values), (pool.recent_keys, pool.recent_values)):
+            if keys:
+                keep = torch.arange(n, device=copy.src.device).expand(len(keys), 1,
+                                                                     keys[0].shape[1], n)
+                compact_kv(keys, values, None, copy.src[None], keep, copy.dst[None], None)
 
 
 @functools.lru_cache(maxsize=8)
