@@ -225,11 +225,11 @@ def control_scores(final: torch.Tensor, selection: str) -> torch.Tensor:
     return pos.expand_as(final).clone()
 
 
-def newest(src_lens: torch.Tensor, k: int, n_layers: int, hkv: int) -> torch.Tensor:
-    """keep [L, R, Hkv, k] int64: the last k valid positions of every request, ascending
-    (what a sliding-window layer reads, in the order it reads it)."""
+def newest(src_lens: torch.Tensor, k: int) -> torch.Tensor:
+    """keep [1, R, 1, k] int64: the last k valid positions of every request, ascending
+    (what a sliding-window layer reads, in the order it reads it), for every layer and head."""
     pos = src_lens[:, None] - k + torch.arange(k, device=src_lens.device)[None, :]
-    return pos.to(torch.int64)[None, :, None, :].expand(n_layers, -1, hkv, -1).contiguous()
+    return pos.to(torch.int64)[None, :, None, :]
 
 
 def in_place_order(keep: torch.Tensor, tail: int) -> torch.Tensor:
@@ -291,17 +291,16 @@ def select_and_compact(
         keep = in_place_order(keep, min(params.window, k))
     kept_scores = torch.gather(g, -1, keep) if score_buffers is not None else None
     compact_kv(kv.keys, kv.values, score_buffers, src_slots, keep, dst_slots, kept_scores)
-    if kv.recent_keys:
-        recent = newest(src_lens, k, len(kv.recent_keys), kv.recent_keys[0].shape[1])
-        compact_kv(kv.recent_keys, kv.recent_values, None, src_slots, recent, dst_slots, None)
+    recent = newest(src_lens, k)
+    moves = [(kv.recent_keys, kv.recent_values, recent)]
     if followers:
-        agreed, recent = consensus(final, k, min(params.window, k)), newest(src_lens, k, 1, 1)
-        for f in followers:
-            for keys, values, kept in ((f.keys, f.values, agreed),
-                                       (f.recent_keys, f.recent_values, recent)):
-                if keys:
-                    kept = kept.expand(len(keys), -1, keys[0].shape[1], -1)
-                    compact_kv(keys, values, None, src_slots, kept, dst_slots, None)
+        agreed = consensus(final, k, min(params.window, k))
+        moves += [move for f in followers for move in ((f.keys, f.values, agreed),
+                                                       (f.recent_keys, f.recent_values, recent))]
+    for keys, values, kept in moves:  # the same token set in every layer and head
+        if keys:
+            kept = kept.expand(len(keys), -1, keys[0].shape[1], -1)
+            compact_kv(keys, values, None, src_slots, kept, dst_slots, None)
     return keep
 
 
