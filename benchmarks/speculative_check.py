@@ -59,6 +59,8 @@ def main():
     ap.add_argument("--prompts", type=int, default=12)
     ap.add_argument("--prompt-len", type=int, default=64)
     ap.add_argument("--max-new-tokens", type=int, default=1024)
+    ap.add_argument("--max-total-tokens", type=int, default=32768,
+                    help="the KV pool (small: it shares the GPU with other runs)")
     args = ap.parse_args()
 
     from sglang_zipage import Engine
@@ -74,7 +76,11 @@ def main():
                    loop_guard=False)
     kw = dict(model_path=model, attention_backend=args.attention_backend,
               sampling_backend="pytorch", grammar_backend="none", random_seed=0,
-              log_level="warning", **spec, **zipage_kwargs("zipage", options))
+              max_total_tokens=args.max_total_tokens, log_level="warning", **spec, **zipage_kwargs("zipage", options))
+    import torch
+
+    if not torch.cuda.is_available():  # a smoke run on the CPU (TRITON_INTERPRET=1)
+        kw.update(device="cpu", disable_cuda_graph=True)
     ids = prompts(model, args.prompts, args.prompt_len)
     greedy = dict(max_new_tokens=args.max_new_tokens, temperature=0, ignore_eos=True)
     engine = Engine(**kw)

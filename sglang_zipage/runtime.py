@@ -23,7 +23,7 @@ from typing import Optional
 
 import torch
 
-from sglang_zipage import kv_layout, memory, query_capture, request_state, scorer
+from sglang_zipage import kv_layout, memory, query_capture, request_state, scorer, speculative
 from sglang_zipage.admission import Admission
 from sglang_zipage.budget import Budget, Budgets, floor_page
 from sglang_zipage.config import ZipageConfig
@@ -38,8 +38,7 @@ from sglang_zipage.query_stats import QueryStats
 from sglang_zipage.repetition import LoopGuard
 from sglang_zipage.scoring import ScoringParams
 from sglang_zipage.segments import Segments
-from sglang_zipage.server_args import (decode_graph_max_bs, speculative_reserve,
-                                      tokens_per_step)
+from sglang_zipage.server_args import decode_graph_max_bs
 from sglang_zipage.shadows import ShadowCompactions
 
 logger = logging.getLogger("sglang_zipage")
@@ -100,8 +99,8 @@ class ZipageRuntime:
         budgets = self.budgets = RequestBudgets(Budgets(
             Budget.from_config(cfg, page), self.layout.least_kv_budget, cfg.min_kv_budget))
         self.admission = Admission(budgets.booked, self.stock_clip,
-                                   speculative_reserve(model_runner.server_args),
-                                   tokens_per_step(model_runner.server_args))
+                                   speculative.reserve(model_runner.server_args),
+                                   speculative.tokens_per_step(model_runner.server_args))
         kv = self.layout.kv
         keys = kv.keys[0]
         device = self.device = keys.device

@@ -18,6 +18,7 @@ from __future__ import annotations
 import os
 from typing import Dict, List, Optional
 
+from sglang_zipage import speculative
 from sglang_zipage.config import ZipageConfig
 
 SUPPORTED_BACKENDS = ("flashinfer", "triton", "torch_native")
@@ -82,7 +83,6 @@ def incompatibilities(server_args, config: ZipageConfig, invalid=()) -> List[str
             bad.append(f"--{name.replace('_', '-')} {v}: zipage supports "
                        f"{', '.join(SUPPORTED_BACKENDS)}")
     checks = [
-        (a.speculative_algorithm is not None, "--speculative-algorithm (speculative decoding)"),
         (a.enable_mixed_chunk, "--enable-mixed-chunk (mixes logical positions with KV lengths)"),
         (a.disaggregation_mode not in (None, "null"), "--disaggregation-mode (PD disaggregation)"),
         (a.enable_hierarchical_cache, "--enable-hierarchical-cache"),
@@ -90,6 +90,7 @@ def incompatibilities(server_args, config: ZipageConfig, invalid=()) -> List[str
         (a.enable_torch_compile, "--enable-torch-compile"),
     ]
     bad += [f"{what} is not supported" for cond, what in checks if cond]
+    bad += speculative.refusals(a, config)
     bad += model_refusals(a, config)
     if bad:
         bad.append("pass --zipage-disable to run stock SGLang with these settings")
@@ -166,21 +167,3 @@ def decode_graph_max_bs(server_args, device) -> Optional[int]:
     if device.type != "cuda" or server_args.disable_cuda_graph or decode.backend == "disabled":
         return None
     return max(decode.bs) if decode.bs else decode.max_bs
-
-
-def tokens_per_step(server_args) -> int:
-    """The most tokens a decode step commits: speculative decoding's draft tokens, else 1."""
-    if server_args.speculative_algorithm is None:
-        return 1
-    return max(1, server_args.speculative_num_draft_tokens or 1)
-
-
-def speculative_reserve(server_args) -> int:
-    """KV columns speculative decoding allocates past a request's committed tokens at each
-    decode step (SGLang's draft and verify tokens, doubled for the overlap scheduler's lag):
-    a newcomer holds them from its first decode step on; 0 without speculative decoding."""
-    if server_args.speculative_algorithm is None:
-        return 0
-    from sglang.srt.mem_cache.allocation_sizing import get_alloc_reserve_per_decode
-
-    return get_alloc_reserve_per_decode(server_args)

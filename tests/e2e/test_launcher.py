@@ -83,6 +83,24 @@ def test_unsupported_feature_is_refused_with_a_way_out(clean_env, flag):
     assert flag in msg and "--zipage-disable" in msg
 
 
+def test_speculative_decoding_starts_with_the_calibrated_scorer_else_is_refused_by_name(clean_env):
+    """Speculative decoding (issue 45) runs with the calibrated scorer (the bundled model's own
+    statistics, its own draft here); the window scorer, multi-layer EAGLE and --zipage-async
+    are each refused naming the algorithm and the flag to change."""
+    from sglang_zipage.model import bundled_model_path
+
+    draft = ["--speculative-draft-model-path", bundled_model_path(), "--zipage-scorer"]
+    assert _refusal("--speculative-algorithm", "STANDALONE", *draft, "calibrated") is None
+    msg = _refusal("--speculative-algorithm", "STANDALONE", *draft, "window")
+    assert "--speculative-algorithm STANDALONE needs --zipage-scorer calibrated" in msg
+    msg = _refusal("--speculative-algorithm", "EAGLE3", *draft, "calibrated",
+                   "--enable-multi-layer-eagle")
+    assert "EAGLE3 with multi-layer EAGLE" in msg and "--zipage-disable" in msg
+    msg = _refusal("--speculative-algorithm", "NEXTN", *draft, "calibrated", "--zipage-mode",
+                   "fixed", "--zipage-async")
+    assert "--speculative-algorithm EAGLE with --zipage-async" in msg  # (SGLang's name for MTP)
+
+
 def test_async_needs_a_buffer_longer_than_its_head_start(clean_env):
     msg = _refusal("--zipage-mode", "fixed", "--zipage-async", "--page-size", "16",
                    "--zipage-kv-budget", "64", "--zipage-buffer", "16")

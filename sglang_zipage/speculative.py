@@ -1,0 +1,63 @@
+"""Speculative decoding under compression: which algorithms run with zipage, and how many KV
+columns each decode step holds past a request's committed tokens.
+
+SGLang 0.5.17's EAGLE, EAGLE3, NEXTN (MTP: SGLang's alias of EAGLE), STANDALONE and NGRAM
+workers run with compression (docs/internals/sglang-speculative.md): the draft's pool follows
+the target's compactions (runtime.follow), the step in flight's draft and verify columns are
+never scored (request_state.in_flight), admission books steps in token time (admission.py).
+Everything else is refused here, by name, with the reason. Reads ServerArgs after SGLang's
+own post-init (NEXTN is EAGLE by then; multi-layer EAGLE forced on for the models that need it).
+"""
+
+from __future__ import annotations
+
+from typing import List
+
+from sglang_zipage.config import ZipageConfig
+
+SUPPORTED = ("EAGLE", "EAGLE3", "NEXTN", "STANDALONE", "NGRAM")
+
+
+def refusals(server_args, config: ZipageConfig) -> List[str]:
+    """Reasons this speculative decoding setup cannot run with zipage (empty = fine)."""
+    algorithm = server_args.speculative_algorithm
+    if algorithm is None:
+        return []
+    flag = f"--speculative-algorithm {algorithm}"
+    if str(algorithm).upper() not in SUPPORTED:
+        return [f"{flag}: its draft keeps KV that zipage's compactions do not move; zipage "
+                f"compresses with {', '.join(SUPPORTED)}"]
+    bad = []
+    if config.scorer != "calibrated":
+        bad.append(f"{flag} needs --zipage-scorer calibrated: the target runs no decode step "
+                   f"whose queries the window scorer would keep (it verifies draft tokens)")
+    if (server_args.page_size or 1) != 1:
+        bad.append(f"{flag} with --page-size {server_args.page_size}: the step in flight's "
+                   f"columns follow the kept tokens one slot at a time; zipage runs it with "
+                   f"--page-size 1")
+    if config.async_compaction:
+        bad.append(f"{flag} with --zipage-async: a compaction must land before the next draft "
+                   f"reads its pool")
+    if getattr(server_args, "enable_multi_layer_eagle", False):
+        bad.append(f"{flag} with multi-layer EAGLE (--enable-multi-layer-eagle, forced on for "
+                   f"MiMo-V2 and Step-3.5): one draft pool and one boundary stash per step, "
+                   f"which zipage's compactions do not move yet")
+    return bad
+
+
+def tokens_per_step(server_args) -> int:
+    """The most tokens a decode step commits: speculative decoding's draft tokens, else 1."""
+    if server_args.speculative_algorithm is None:
+        return 1
+    return max(1, server_args.speculative_num_draft_tokens or 1)
+
+
+def reserve(server_args) -> int:
+    """KV columns speculative decoding allocates past a request's committed tokens at each
+    decode step (SGLang's draft and verify tokens, doubled for the overlap scheduler's lag):
+    a newcomer holds them from its first decode step on; 0 without speculative decoding."""
+    if server_args.speculative_algorithm is None:
+        return 0
+    from sglang.srt.mem_cache.allocation_sizing import get_alloc_reserve_per_decode
+
+    return get_alloc_reserve_per_decode(server_args)

@@ -1,0 +1,41 @@
+"""Which speculative decoding setups run with zipage (speculative.refusals, issue 45), read
+from SGLang's own ServerArgs fields; the launcher's run is in tests/e2e/test_launcher.py.
+
+Run: .venv/bin/python -m pytest tests/unit/test_speculative_refusals.py
+"""
+
+from types import SimpleNamespace
+
+import pytest
+
+from sglang_zipage import speculative
+from sglang_zipage.config import ZipageConfig
+
+CALIBRATED = ZipageConfig(kv_budget=256, buffer=64, scorer="calibrated")
+
+
+def server(algorithm, page_size=1, multi_layer=False):
+    return SimpleNamespace(speculative_algorithm=algorithm, page_size=page_size,
+                           enable_multi_layer_eagle=multi_layer)
+
+
+@pytest.mark.parametrize("algorithm", speculative.SUPPORTED)
+def test_the_supported_algorithms_run_with_the_calibrated_scorer(algorithm):
+    assert speculative.refusals(server(algorithm), CALIBRATED) == []
+    assert speculative.refusals(server(None), ZipageConfig()) == []
+
+
+@pytest.mark.parametrize("algorithm", ["DFLASH", "DSPARK", "FROZEN_KV_MTP"])
+def test_a_draft_whose_kv_is_not_followed_is_refused_by_name(algorithm):
+    (msg,) = speculative.refusals(server(algorithm), CALIBRATED)
+    assert msg.startswith(f"--speculative-algorithm {algorithm}:") and "NGRAM" in msg
+
+
+def test_each_unsupported_setting_is_named():
+    async_fixed = ZipageConfig(kv_budget=256, buffer=64, scorer="window", mode="fixed",
+                               async_compaction=True)
+    msgs = speculative.refusals(server("EAGLE", page_size=16, multi_layer=True), async_fixed)
+    for part in ("--zipage-scorer calibrated", "--page-size 16", "--zipage-async",
+                 "--enable-multi-layer-eagle"):
+        assert sum(part in m for m in msgs) == 1, (part, msgs)
+    assert len(msgs) == 4
