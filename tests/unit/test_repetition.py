@@ -5,6 +5,8 @@ Run: .venv/bin/python -m pytest tests/unit/test_repetition.py
 
 import random
 
+import pytest
+
 from sglang_zipage.budget import Budget, Budgets
 from sglang_zipage.repetition import LoopGuard, repeated_share
 from sglang_zipage.request_state import ReqState
@@ -29,14 +31,16 @@ def test_text_without_repetition_never_triggers_the_guard():
     assert st.loop_boost == 1 and st.loop_guard == 0
 
 
-def test_a_loop_doubles_the_budget_once_per_window_up_to_the_cap():
+@pytest.mark.parametrize("per_step", [1, 4])  # 4: speculative decoding accepts several
+def test_a_loop_doubles_the_budget_once_per_window_up_to_the_cap(per_step):
     guard = LoopGuard(window=400, n=8, threshold=0.5, every=32, max_boost=4)
     rng = random.Random(1)
     out = [rng.randrange(1000, 2000) for _ in range(500)]  # no repetition yet
     st = ReqState(c0=0)
     triggers = []
-    for step in range(1200):
-        out.append(out[-37])  # from here on the text repeats with period 37
+    for step in range(1200 // per_step):
+        for _ in range(per_step):
+            out.append(out[-37])  # from here on the text repeats with period 37
         if guard.watch(st, out):
             triggers.append(len(out))
     assert st.loop_boost == 4 and st.loop_guard == 2  # 1 -> 2 -> 4, then capped
