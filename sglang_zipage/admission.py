@@ -122,6 +122,14 @@ class Admission:
         return (peak_growth([*growths.rising, mine]) - peak_growth(growths.rising)
                 + self.speculative_reserve)
 
+    def step_slots(self, reqs, page: int) -> int:
+        """The slots the next decode step of ``reqs`` may allocate: a page per request, or
+        with speculative decoding what tops each one's reserve up again (SGLang's
+        new_tokens_required_next_decode at page size 1)."""
+        if not self.speculative_reserve:
+            return len(reqs) * page
+        return sum(max(0, self.speculative_reserve - request_state.in_flight(r)) for r in reqs)
+
     def stock_reserve(self, req) -> int:
         """SGLang's own estimate of what a request that never compresses may still add."""
         return min(req.sampling_params.max_new_tokens - len(req.output_ids), self.stock_clip)

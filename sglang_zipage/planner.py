@@ -67,8 +67,10 @@ class Planner:
         self.compressed_running = compressed
         self.stats.step(len(batch.reqs), compressed)
         self._carry_out(batch, decided, reserve, pressed)
-        if elastic:  # this step writes up to one page per request
-            short = len(batch.reqs) * self.page_size - self.free(batch)
+        if elastic:  # the slots this step may allocate
+            need = (self.admission.step_slots(batch.reqs, self.page_size) if self.admission
+                    else len(batch.reqs) * self.page_size)
+            short = need - self.free(batch)
             if short > 0:
                 self.pressure.ran_short()
                 self.make_room(batch, short, self.headroom)

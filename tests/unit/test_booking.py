@@ -295,3 +295,24 @@ def test_a_booked_peak_covers_steps_that_commit_several_tokens():
     in_steps = Admission(lambda r: budget, speculative_reserve=reserve)
     assert in_tokens.growths(reqs()).peak() >= grown
     assert in_steps.growths(reqs()).peak() < grown
+
+
+def test_a_speculative_step_needs_what_sglang_allocates_for_it(monkeypatch):
+    """Elastic mode makes room for the slots the next decode step allocates: a page per
+    request, or with speculative decoding what tops each request's reserve up, as SGLang's
+    own estimate (ScheduleBatch._new_tokens_required_next_decode_spec_v2, page size 1)."""
+    from types import SimpleNamespace
+
+    from sglang.srt.managers import schedule_batch
+
+    from sglang_zipage.admission import Admission
+
+    reserve = 10
+    monkeypatch.setattr(schedule_batch, "get_alloc_reserve_per_decode", lambda *a: reserve)
+    rng = random.Random(0)
+    reqs = [SimpleNamespace(kv_committed_len=c,
+                            kv=SimpleNamespace(kv_allocated_len=c + rng.randint(0, 2 * reserve)))
+            for c in (rng.randint(50, 500) for _ in range(40))]
+    sglang = schedule_batch.ScheduleBatch._new_tokens_required_next_decode_spec_v2(None, reqs, 1)
+    assert 0 < Admission(None, speculative_reserve=reserve).step_slots(reqs, 1) == sglang
+    assert Admission(None).step_slots(reqs, 16) == 40 * 16
