@@ -61,6 +61,9 @@ VARIANTS = {
     "calibrated+decay": ("calibrated scorer + global score, decay 0.8",
                          dict(decay=0.8, pooling=1, redundancy="none", scorer="calibrated"),
                          "score"),
+    "calibrated+redundancy": ("calibrated scorer + global score + redundancy (R-KV, full)",
+                              dict(decay=0.8, pooling=1, redundancy="full", scorer="calibrated"),
+                              "score"),
     # extras, not in the presets
     "default": ("the engine's defaults: decay 0.8, pooling 5, no redundancy",
                 dict(decay=0.8, pooling=5, redundancy="none"), "score"),
