@@ -178,7 +178,11 @@ def restart(req) -> None:
 
 def set_lengths(batch, updates) -> None:
     """The batch's KV lengths after compactions: [(row, new physical length)]. New tensors,
-    never in-place edits: an in-flight forward may hold the old ones."""
+    never in-place edits: an in-flight forward may hold the old ones. Speculative decoding
+    with overlap schedules without lengths (seq_lens_cpu None): the step reads them from the
+    device later, less what was evicted since (scheduler_hooks.published_lengths)."""
+    if batch.seq_lens_cpu is None:
+        return
     seq_lens_cpu = batch.seq_lens_cpu.clone()
     for i, new_len in updates:
         seq_lens_cpu[i] = new_len
