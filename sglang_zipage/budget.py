@@ -99,7 +99,7 @@ class Budget:
         """The server's budget: the config's budget, buffer and window on this page size."""
         lag = async_lag(page_size) if config.async_compaction else 0
         return cls(config.kv_budget, config.buffer, config.window, page_size, lag,
-                   elastic=config.mode == "elastic", window_scored=config.scorer == "window")
+                   elastic=config.mode == "elastic", window_scored=config.scorer != "calibrated")
 
     def __post_init__(self):
         assert self.kv_budget % self.page_size == 0, "I2: kv_budget must be page aligned"

@@ -36,7 +36,8 @@ HERE = Path(__file__).parent
 TEXTS = HERE / "calibration_texts.json"
 BUNDLED_STATS = HERE / "query_stats_smollm2_135m.safetensors"
 FILE_NAME = "zipage_query_stats.safetensors"
-QUERIES = 64  # centroids per head: the best of 16 and 64 at 25% in fidelity-calibrated-cpu.json
+QUERIES = 16  # centroids per head: the cost of the window scorer (scorer-cost-h200.json), its
+# fidelity beyond the window scorer's at 12.5% and 25% (fidelity-calibrated-k16-h200.json)
 DOMAINS = ("prose", "math")
 
 

@@ -23,7 +23,7 @@ ASYNC_LAG_TOKENS = 8  # --zipage-async: a compaction starts this many tokens bef
 REDUNDANCY_MODES = ("none", "full", "lightning")
 SELECTION_MODES = ("score", "random", "recent")
 MODES = ("fixed", "elastic")
-SCORERS = ("window", "calibrated")
+SCORERS = ("auto", "calibrated", "window")
 
 
 class ZipageConfigError(ValueError):
@@ -64,11 +64,13 @@ class ZipageConfig:
     window: int = field(default=16, metadata=_flag(
         "Query window W: the last W decode queries score the cached tokens (the window "
         "scorer); the last W tokens are always kept."))
-    scorer: str = field(default="window", metadata=_flag(
-        "What scores the cached tokens at a compaction: window (each request's last W decode "
-        "queries, kept in a query window of a few slots) or calibrated (per head, K typical "
+    scorer: str = field(default="auto", metadata=_flag(
+        "What scores the cached tokens at a compaction: calibrated (per head, K typical "
         "queries measured once per model by python -m sglang_zipage.calibrate, rotated to the "
-        "request's next position: no query memory, no windowless compaction).",
+        "request's next position: no query memory, no windowless compaction) or window (each "
+        "request's last W decode queries, kept in a query window of a few slots). auto: "
+        "calibrated where the model has statistics (the bundled model ships its own), else "
+        "window, said at startup.",
         choices=SCORERS))
     query_stats: str = field(default="", metadata=_flag(
         "The calibrated scorer's statistics (python -m sglang_zipage.calibrate --out FILE). "

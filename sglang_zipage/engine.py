@@ -13,7 +13,7 @@ import dataclasses
 
 from sglang.srt.entrypoints.engine import Engine as SGLangEngine
 
-from sglang_zipage import hooks
+from sglang_zipage import hooks, model_support
 from sglang_zipage import server_args as zargs
 from sglang_zipage.config import ZipageConfig
 from sglang_zipage.proc import run_scheduler_process
@@ -47,6 +47,7 @@ def checked(zipage: ZipageConfig = None, **kwargs):
         if invalid:  # ours first: SGLang may fail on what the user would fix next
             raise ValueError(invalid[0]) from None
         raise
+    config = model_support.with_scorer(config, server_args.model_path)
     problems = zargs.incompatibilities(server_args, config, invalid)
     if problems:
         raise ValueError("; ".join(problems))

@@ -68,6 +68,7 @@ def prepare(argv: List[str]):
             invalid.append(str(e))
     import torch
 
+    from sglang_zipage import model_support
     from sglang_zipage import server_args as zargs
 
     overrides = zargs.default_overrides(vars(given), config, has_cuda=torch.cuda.is_available())
@@ -79,6 +80,7 @@ def prepare(argv: List[str]):
         if invalid:  # ours first: SGLang may fail on what the user would fix next
             sys.exit(f"{PROG}: error: {invalid[0]}")
         raise
+    config = model_support.with_scorer(config, server_args.model_path)
     problems = zargs.incompatibilities(server_args, config, invalid)
     if problems:
         sys.exit(f"{PROG}: error: " + "; ".join(problems))

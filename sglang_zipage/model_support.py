@@ -59,6 +59,29 @@ def refusals(facts: dict, config: ZipageConfig, server_args) -> List[str]:
     return bad
 
 
+def with_scorer(config: ZipageConfig, model_path: str) -> ZipageConfig:
+    """``--zipage-scorer auto`` as the scorer it stands for on this model: calibrated where
+    its statistics are found (--zipage-query-stats, the bundled model's own file,
+    MODEL_PATH/zipage_query_stats.safetensors), else window, said once here. Resolved by the
+    entry points (launch_server, Engine, a scheduler started by ``sglang serve``), so every
+    process of a server runs one scorer."""
+    if not config.enabled or config.scorer != "auto":
+        return config
+    import dataclasses
+    import logging
+
+    from sglang_zipage import calibrate
+
+    path = calibrate.stats_file(config.query_stats, model_path)
+    if config.query_stats or path.is_file():
+        return dataclasses.replace(config, scorer="calibrated")
+    logging.getLogger("sglang_zipage").warning(
+        "zipage: the window scorer (no query statistics for %s at %s; the calibrated scorer "
+        "keeps better tokens at no query memory: `%s`)", model_path, path,
+        calibrate.command(model_path, path))
+    return dataclasses.replace(config, scorer="window")
+
+
 def _calibrated_refusals(facts: dict, config: ZipageConfig, model_path: str) -> List[str]:
     """--zipage-scorer calibrated needs the model's statistics, measured on this model."""
     from sglang_zipage import calibrate

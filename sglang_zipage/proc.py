@@ -22,10 +22,11 @@ class Refused(SystemExit):
 
 
 def run_scheduler_process(server_args, *args, **kwargs):
-    from sglang_zipage import hooks
+    from sglang_zipage import hooks, model_support
     from sglang_zipage.config import ZipageConfig
 
-    hooks.install(ZipageConfig.from_env(), device=server_args.device,
+    config = model_support.with_scorer(ZipageConfig.from_env(), server_args.model_path)
+    hooks.install(config, device=server_args.device,
                   page_size=server_args.page_size or 1,
                   speculative=server_args.speculative_algorithm)
     from sglang.srt.managers.scheduler import run_scheduler_process as _run

@@ -29,8 +29,9 @@ def refusals(server_args, config: ZipageConfig) -> List[str]:
                 f"compresses with {', '.join(SUPPORTED)}"]
     bad = []
     if config.scorer != "calibrated":
-        bad.append(f"{flag} needs --zipage-scorer calibrated: the target runs no decode step "
-                   f"whose queries the window scorer would keep (it verifies draft tokens)")
+        bad.append(f"{flag} needs the calibrated scorer (--zipage-scorer calibrated or auto, "
+                   f"with the model's statistics: python -m sglang_zipage.calibrate): the "
+                   f"target runs no decode step whose queries the window scorer would keep")
     if (server_args.page_size or 1) != 1:
         bad.append(f"{flag} with --page-size {server_args.page_size}: the step in flight's "
                    f"columns follow the kept tokens one slot at a time; zipage runs it with "

@@ -44,16 +44,18 @@ VERSION_MODULES = ("sglang", "torch", "transformers", "triton", "sglang_zipage")
 
 # name -> (description, scoring parameters, selection policy)
 VARIANTS = {
-    "window": ("window attention only", dict(decay=0.0, pooling=1, redundancy="none"), "score"),
-    "+decay": ("+ global score, decay 0.8", dict(decay=0.8, pooling=1, redundancy="none"), "score"),
-    "+redundancy": ("+ redundancy (R-KV, full)", dict(decay=0.8, pooling=1, redundancy="full"),
-                    "score"),
+    "window": ("window attention only",
+               dict(decay=0.0, pooling=1, redundancy="none", scorer="window"), "score"),
+    "+decay": ("+ global score, decay 0.8",
+               dict(decay=0.8, pooling=1, redundancy="none", scorer="window"), "score"),
+    "+redundancy": ("+ redundancy (R-KV, full)",
+                    dict(decay=0.8, pooling=1, redundancy="full", scorer="window"), "score"),
     "+pooling": ("+ max-pooling 5 on the first compaction (all stages)",
-                 dict(decay=0.8, pooling=5, redundancy="full"), "score"),
+                 dict(decay=0.8, pooling=5, redundancy="full", scorer="window"), "score"),
     "random": ("control: keep random tokens (+ the protected window)",
-               dict(decay=0.0, pooling=1, redundancy="none"), "random"),
+               dict(decay=0.0, pooling=1, redundancy="none", scorer="window"), "random"),
     "recent": ("control: keep only the most recent tokens",
-               dict(decay=0.0, pooling=1, redundancy="none"), "recent"),
+               dict(decay=0.0, pooling=1, redundancy="none", scorer="window"), "recent"),
     # the calibrated scorer (issue 46): the model's query statistics (the bundled model's
     # shipped file, the same in the engine and the HF reference), no query window
     "calibrated": ("calibrated scorer: query statistics, no stored queries",
@@ -65,14 +67,15 @@ VARIANTS = {
                               dict(decay=0.8, pooling=1, redundancy="full", scorer="calibrated"),
                               "score"),
     # extras, not in the presets
-    "default": ("the engine's defaults: decay 0.8, pooling 5, no redundancy",
-                dict(decay=0.8, pooling=5, redundancy="none"), "score"),
+    "default": ("the window scorer with decay 0.8, pooling 5, no redundancy",
+                dict(decay=0.8, pooling=5, redundancy="none", scorer="window"), "score"),
     "+lightning": ("decay 0.8, pooling 5, lightning redundancy",
-                   dict(decay=0.8, pooling=5, redundancy="lightning"), "score"),
+                   dict(decay=0.8, pooling=5, redundancy="lightning", scorer="window"), "score"),
     # engine only: the pool is sized to every text at full length, so elastic mode never
     # needs room and must equal full KV (the HF reference has no pool)
-    "elastic": ("--zipage-mode elastic at low load (engine defaults otherwise)",
-                dict(decay=0.8, pooling=5, redundancy="none", mode="elastic"), "score"),
+    "elastic": ("--zipage-mode elastic at low load (the window scorer)",
+                dict(decay=0.8, pooling=5, redundancy="none", mode="elastic", scorer="window"),
+                "score"),
 }
 ENGINE_ONLY = {"elastic"}
 SCORING = ["window", "+decay", "+redundancy", "+pooling"]

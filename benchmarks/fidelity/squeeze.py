@@ -7,13 +7,14 @@ Same texts and method as run_fidelity.py (harness/fidelity: a prompt of --prompt
 the next --cont-len tokens decoded by teacher forcing, NLL ratio and top-1 agreement against
 the full-KV run of the same implementation, block-bootstrap intervals), in the HF reference
 (hf_reference.py, the engine's schedule step for step; the engine's squeeze is a compaction
-with its floor as the kept count, scored as any). Default scoring: window + decay 0.8 +
-pooling 5 (the engine's defaults). Every row is scored over the same steps, those from X on
+with its floor as the kept count, scored as any). Scoring: decay 0.8 + pooling 5, with the
+window scorer or (--scorer calibrated) the model's query statistics. Every row is scored over the same steps, those from X on
 (``from_squeeze``), and over the steps after its own first compaction (``own``).
 
 CPU (the bundled SmolLM2, the fidelity CPU preset's texts and lengths; about 15 minutes):
   .venv/bin/python benchmarks/fidelity/squeeze.py --budget 128 --floor 64 --squeeze-at 256 \\
       --out benchmarks/results/fidelity-squeeze-cpu.json
+  (... --scorer calibrated --out benchmarks/results/fidelity-squeeze-calibrated-cpu.json)
 At the default budget (2048 + 256, squeezed to 1024 at step 2560, after the first
 compaction): the 5 of fidelity.json's 12 texts with at least 64 + 3600 tokens, on the CPU
 (about 42 minutes on 2 cores; glibc's default mmap threshold lets the growing float32
@@ -54,8 +55,9 @@ def parse_args(argv=None):
 def main(argv=None):
     args = parse_args(argv)
     model, items, ref = for_texts(args.model, args.n_texts, args.prompt_len, args.cont_len,
-                                  args.dtype, args.device, args.long_enough)
-    base = Eviction(budget=args.budget, buffer=args.buffer, window=args.window)
+                                  args.dtype, args.device, args.long_enough, args.scorer)
+    base = Eviction(budget=args.budget, buffer=args.buffer, window=args.window,
+                    scorer=args.scorer)
     rows = {"full": None, "budget": base,
             "floor": dataclasses.replace(base, budget=args.floor),
             "squeezed": dataclasses.replace(base, squeeze_to=args.floor,

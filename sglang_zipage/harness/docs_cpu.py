@@ -39,14 +39,15 @@ def _nll(m: Dict) -> str:
 def fidelity_cpu_table(root: str = ".", prefix: str = "") -> str:
     """The squeeze and own-prompt runs (HF reference, the bundled SmolLM2, CPU)."""
     rows = []
-    for name in ("fidelity-squeeze-cpu.json", "fidelity-squeeze-1024-cpu.json",
-                 "fidelity-squeeze-2048-cpu.json", "fidelity-own-prompt-cpu.json"):
+    for name in ("fidelity-squeeze-cpu.json", "fidelity-squeeze-calibrated-cpu.json",
+                 "fidelity-squeeze-1024-cpu.json", "fidelity-squeeze-2048-cpu.json",
+                 "fidelity-own-prompt-cpu.json"):
         res = load_json(root, name)
         st = res["settings"]
         scored = "from_squeeze" if "squeeze" in name else "common"
         for row, r in res["rows"].items():
             e = r["eviction"]
-            what = f"budget {e['budget']} + {e['buffer']}" + (
+            what = f"budget {e['budget']} + {e['buffer']}, {e.get('scorer', 'window')}" + (
                 f", squeezed to {e['squeeze_to']} at step {e['squeeze_at']}"
                 if e.get("squeeze_to") else "") + (", prompt compressed"
                                                    if e.get("own_prompt") else "")
@@ -55,6 +56,25 @@ def fidelity_cpu_table(root: str = ".", prefix: str = "") -> str:
                          short_commit(res["commit"])))
     return md_table(("file", "texts x tokens", "row", "eviction", "NLL ratio [95% CI]",
                      "top-1 agreement", "commit"), rows)
+
+
+def self_forced_table(root: str = ".", prefix: str = "") -> str:
+    """Both scorers teacher-forced through the model's own greedy text (self_forced.py)."""
+    name = "fidelity-self-forced-cpu.json"
+    res = load_json(root, name)
+    st = res["settings"]
+    rows = []
+    for row, r in res["rows"].items():
+        d = r.get("minus_window")
+        rows.append((row.split("-", 1)[1], f"{r['eviction']['budget']} + {r['eviction']['buffer']}",
+                     _nll(r), f"{r['top1_agreement']:.3f}",
+                     f"{d['diff']:+.3f} [{d['ci95'][0]:+.3f}, {d['ci95'][1]:+.3f}]" if d else "-"))
+    return (md_table(("scorer", "budget + buffer", "NLL ratio [95% CI]", "top-1 agreement",
+                      "minus window [95% CI]"), rows)
+            + f"\n\n{st['n_texts']} of the fidelity texts' openings ({st['prompt_len']} tokens) "
+            f"continued greedily by the bundled SmolLM2 with full KV for {st['cont_len']} "
+            f"tokens, teacher-forced through the HF reference on a CPU, commit "
+            f"{short_commit(res['commit'])}: {link(name, prefix)}.")
 
 
 def loop_guard_table(root: str = ".", prefix: str = "") -> str:

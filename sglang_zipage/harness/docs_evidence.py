@@ -35,58 +35,107 @@ def fidelity_table(root: str = ".", prefix: str = "") -> str:
             f"{link('fidelity.json', prefix)}.")
 
 
-CALIBRATED_VARIANTS = ("window", "calibrated", "calibrated+decay", "random")
+CALIBRATED_VARIANTS = ("window", "+redundancy", "calibrated", "calibrated+redundancy", "recent")
+
+
+def _ci(r) -> str:
+    lo, hi = r["nll_ratio_ci95"]
+    return f"{r['nll_ratio']:.4f} [{lo:.4f}, {hi:.4f}]"
 
 
 def calibrated_table(root: str = ".", prefix: str = "") -> str:
     """The calibrated scorer beside the window scorer: NLL ratio of the engine and the HF
-    reference per budget, the statistics measured on code only, and a compaction's cost."""
-    res = load_json(root, "fidelity-calibrated-h100.json")
+    reference per budget with each row's paired difference to the window scorer, the earlier
+    K = 64 run, the statistics measured on code only, and a compaction's cost."""
+    name = "fidelity-calibrated-k16-h200.json"
+    res = load_json(root, name)
     cells = {(r["impl"], r["budget_frac"], r["variant"]): r for r in res["results"]}
     noise = {(e["budget_frac"], e["variant"]): e["within_noise"] for e in res["engine_vs_hf"]}
 
-    def cell(impl, frac, v):
-        r = cells.get((impl, frac, v))
-        if r is None:
+    def diff(r):
+        d = r.get("minus_window") if r else None
+        if not d:
             return "-"
-        lo, hi = r["nll_ratio_ci95"]
-        return f"{r['nll_ratio']:.4f} [{lo:.4f}, {hi:.4f}]"
+        return f"{d['diff']:+.4f} [{d['ci95'][0]:+.4f}, {d['ci95'][1]:+.4f}]"
 
     rows = []
     for frac in sorted({f for _, f, _ in cells}):
         tokens = next(r["budget_tokens"] for (_, f, _), r in cells.items() if f == frac)
         for v in CALIBRATED_VARIANTS:
-            rows.append([f"{100 * frac:g}% ({tokens})", v, cell("engine", frac, v),
-                         cell("hf", frac, v), "yes" if noise.get((frac, v)) else "no"])
+            e, h = cells.get(("engine", frac, v)), cells.get(("hf", frac, v))
+            rows.append([f"{100 * frac:g}% ({tokens})", v, _ci(e) if e else "-",
+                         diff(e), _ci(h) if h else "-", "yes" if noise.get((frac, v)) else "no"])
     cfg = res["config"]
-    out = (md_table(("budget", "scorer", "engine NLL ratio [95% CI]", "HF reference",
-                     "engine = HF within noise"), rows)
-           + f"\n\n{cfg['n_texts']} texts x {cfg['cont_len']} teacher-forced tokens, "
-           f"{res['device']}, commit {short_commit(res['git_sha'])}: "
-           f"{link('fidelity-calibrated-h100.json', prefix)}.")
+    out = (md_table(("budget", "scorer", "engine NLL ratio [95% CI]",
+                     "engine minus window [95% CI]", "HF reference", "engine = HF within noise"),
+                    rows)
+           + f"\n\n{cfg['n_texts']} texts x {cfg['cont_len']} teacher-forced tokens, K = 16, "
+           f"{res['device']}, commit {short_commit(res['git_sha'])}: {link(name, prefix)}.")
+    k64 = load_json(root, "fidelity-calibrated-h100.json")
+    eng = {r["budget_frac"]: r for r in k64["results"]
+           if r["impl"] == "engine" and r["variant"] == "calibrated"}
+    out += ("\n\nWith K = 64 (an earlier run, " + k64["device"] + ", commit "
+            + short_commit(k64["git_sha"]) + "), the engine's calibrated rows: "
+            + ", ".join(f"{100 * f:g}% {_ci(eng[f])}" for f in sorted(eng))
+            + f": {link('fidelity-calibrated-h100.json', prefix)}.")
     code = load_json(root, "fidelity-calibrated-code-h100.json")
     rc = code["rows"]
     d = rc["calibrated64"]["minus_window"]
-    out += (f"\n\nStatistics measured on code only ({code['calibration']['tokens']} tokens), "
-            f"HF reference at budget {code['settings']['budget']}: calibrated "
+    out += (f"\n\nStatistics measured on code only ({code['calibration']['tokens']} tokens, "
+            f"K = 64), HF reference at budget {code['settings']['budget']}: calibrated "
             f"{rc['calibrated64']['nll_ratio']:.4f}, window {rc['window']['nll_ratio']:.4f} "
             f"(difference {d['diff']:+.4f}, 95% CI [{d['ci95'][0]:+.4f}, {d['ci95'][1]:+.4f}]): "
             f"{link('fidelity-calibrated-code-h100.json', prefix)}.")
-    cost = load_json(root, "scorer-cost-h100.json")
+    out += "\n\n" + _cost_table(root, prefix, "scorer-cost-h200.json")
+    old = load_json(root, "scorer-cost-h100.json")
+    k = {r["queries_per_head"]: r for r in old["rows"] if r["scorer"] == "calibrated"}
+    w = next(r for r in old["rows"] if r["scorer"] == "window")
+    out += (f"\n\nBefore the rotation ran once per launch (the rotation inside the attention "
+            f"kernel, {old['gpu']}, commit {short_commit(old['commit'])}), 8 requests' whole "
+            f"compaction took {w['batch8_compress_ms']:.2f} ms with the window scorer, "
+            + ", ".join(f"{k[q]['batch8_compress_ms']:.2f} ms at K = {q}" for q in sorted(k))
+            + f": {link('scorer-cost-h100.json', prefix)}.")
+    return out
+
+
+def _cost_table(root: str, prefix: str, name: str) -> str:
+    cost = load_json(root, name)
     dims = cost["dims"]
     crow = [[r["scorer"], r["queries_per_head"],
              "-" if r["scorer"] == "window" else f"{r['stats_bytes'] / 2**20:.1f}",
              f"{r['batch8_attention_ms']:.2f}", f"{r['batch8_compress_ms']:.2f}",
              f"{r['batch32_attention_ms']:.2f}", f"{r['batch32_compress_ms']:.2f}"]
             for r in cost["rows"]]
-    out += ("\n\n" + md_table(("scorer", "queries per head", "statistics MiB",
-                                 "8 requests: attention ms", "8: whole compaction ms",
-                                 "32: attention ms", "32: whole compaction ms"), crow)
+    return (md_table(("scorer", "queries per head", "statistics MiB",
+                      "8 requests: attention ms", "8: whole compaction ms",
+                      "32: attention ms", "32: whole compaction ms"), crow)
             + f"\n\n{dims['layers']} layers, {dims['q_heads']} query and {dims['kv_heads']} "
             f"KV heads, head_dim {dims['head_dim']}, {dims['suffix']} -> {dims['kept']} tokens "
             f"per request, bf16; {cost['gpu']}, commit {short_commit(cost['commit'])}: "
-            f"{link('scorer-cost-h100.json', prefix)}.")
-    return out
+            f"{link(name, prefix)}.")
+
+
+SPECULATIVE_RUNS = (("speculative-standalone-h200.json", "STANDALONE (the model as its own draft)"),
+                    ("speculative-standalone-unmoved-h200.json",
+                     "STANDALONE, the draft's KV left unmoved (broken on purpose)"),
+                    ("speculative-ngram-h200.json", "NGRAM"))
+
+
+def speculative_table(root: str = ".", prefix: str = "") -> str:
+    """Speculative decoding with compression: the same engine's accept length with and
+    without compression on the same prompts (speculative_check.py)."""
+    rows = []
+    for name, what in SPECULATIVE_RUNS:
+        res = load_json(root, name)
+        s, e = res["summary"], res["engine"]
+        rows.append([what, f"{s['accept_length_full']:.3f}", f"{s['accept_length_compressed']:.3f}",
+                     f"{s['ratio']:.3f}", f"{s['compactions_per_request']:.1f}",
+                     f"{s['most_kv_len']} ({e['zipage_kv_budget']} + {e['zipage_buffer']} + prompt)",
+                     e["attention_backend"], res["gpu"], short_commit(res["commit"]),
+                     link(name, prefix)])
+    return md_table(("algorithm", "accept length, not compressed", "compressed", "ratio",
+                     "compactions per request", "most KV a request held", "attention",
+                     "card", "commit", "file"), rows)
 
 
 def kernels_table(root: str = ".", prefix: str = "") -> str:

@@ -26,7 +26,8 @@ from sglang_zipage.harness.server import OFFLINE_ENV, STRICT_MEM_ENV, Server, fr
 from zipage_server import REPO, assert_healthy
 
 CAPPED = ["--max-total-tokens", "2048", "--max-running-requests", "16",
-          "--zipage-kv-budget", "64", "--zipage-buffer", "16"]
+          "--zipage-kv-budget", "64", "--zipage-buffer", "16",
+          "--zipage-scorer", "window"]  # the query window's share (M2); the bundled default: calibrated
 NO_ROOM_SHARE = "0.0000001"  # 2.4 KiB of 24 GiB: less than one window slot on any machine
 GEMMA3 = ["--model-path", str(REPO / "tests/e2e/models/tiny-gemma3"), "--load-format", "dummy",
           "--skip-tokenizer-init", "--zipage-kv-budget", "64", "--zipage-buffer", "16"]

@@ -28,7 +28,10 @@ PROMPT = 160  # two budgets: kept whole, the prompt alone would outgrow the limi
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
     srv = Server([*COMMON_ARGS, *SMALL_BUDGET, *FIXED_MODE, "--zipage-no-loop-guard",
-                  "--zipage-compress-prompt"],
+                  "--zipage-compress-prompt",
+                  # the window scorer: its first compaction waits for a full window, which
+                  # gives test_the_copied_prompt_reads_as_the_original its steps before it
+                  "--zipage-scorer", "window"],
                  tmp_path_factory.mktemp("compress-prompt") / "server.log", env=STRICT_MEM_ENV)
     yield srv
     srv.stop()

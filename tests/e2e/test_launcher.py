@@ -84,15 +84,17 @@ def test_unsupported_feature_is_refused_with_a_way_out(clean_env, flag):
 
 
 def test_speculative_decoding_starts_with_the_calibrated_scorer_else_is_refused_by_name(clean_env):
-    """Speculative decoding (issue 45) runs with the calibrated scorer (the bundled model's own
-    statistics, its own draft here); the window scorer, multi-layer EAGLE and --zipage-async
-    are each refused naming the algorithm and the flag to change."""
+    """Speculative decoding (issue 45) runs with the calibrated scorer (the default on the
+    bundled model, which ships its statistics; its own draft here); the window scorer,
+    multi-layer EAGLE and --zipage-async are each refused naming the algorithm and the flag
+    to change."""
     from sglang_zipage.model import bundled_model_path
 
-    draft = ["--speculative-draft-model-path", bundled_model_path(), "--zipage-scorer"]
-    assert _refusal("--speculative-algorithm", "STANDALONE", *draft, "calibrated") is None
+    draft = ["--speculative-draft-model-path", bundled_model_path()]
+    assert _refusal("--speculative-algorithm", "STANDALONE", *draft) is None  # auto: calibrated
+    draft.append("--zipage-scorer")
     msg = _refusal("--speculative-algorithm", "STANDALONE", *draft, "window")
-    assert "--speculative-algorithm STANDALONE needs --zipage-scorer calibrated" in msg
+    assert "--speculative-algorithm STANDALONE needs the calibrated scorer" in msg
     msg = _refusal("--speculative-algorithm", "EAGLE3", *draft, "calibrated",
                    "--enable-multi-layer-eagle")
     assert "EAGLE3 with multi-layer EAGLE" in msg and "--zipage-disable" in msg

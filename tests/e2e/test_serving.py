@@ -38,6 +38,7 @@ def test_scheduler_process_reports_active_config(zipage_server):
     state = zipage_server.zipage_state()
     assert state["active"] is True
     assert state["config"]["kv_budget"] == 64 and state["config"]["buffer"] == 16
+    assert state["config"]["scorer"] == "calibrated"  # auto: the bundled model's statistics
     assert state["budget_limit_tokens"] == 80
     assert_healthy(zipage_server)
 

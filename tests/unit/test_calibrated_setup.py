@@ -122,3 +122,21 @@ def test_the_engines_queries_are_the_hf_references():
         assert q.rows.stride(1) == 0  # one set of rows for every request, rotated in the kernel
         ours = rope_queries(q.rows, q.rope)[:, 0]
         assert torch.allclose(ours, theirs, atol=1e-3), pos
+
+
+def test_auto_runs_the_calibrated_scorer_where_the_model_has_statistics(tmp_path):
+    """--zipage-scorer auto (the default) as the entry points resolve it: calibrated for the
+    bundled model (it ships its statistics) and for a model folder holding them, the window
+    scorer (said at startup) for one without; an explicit scorer stays as given."""
+    from sglang_zipage.model import bundled_model_path
+
+    auto = ZipageConfig()
+    assert auto.scorer == "auto"
+    assert model_support.with_scorer(auto, bundled_model_path()).scorer == "calibrated"
+    bare = tmp_path / "bare"
+    bare.mkdir()
+    assert model_support.with_scorer(auto, str(bare)).scorer == "window"
+    stats(2, 4, 8).save(str(bare / calibrate.FILE_NAME))
+    assert model_support.with_scorer(auto, str(bare)).scorer == "calibrated"
+    explicit = ZipageConfig(scorer="window")
+    assert model_support.with_scorer(explicit, bundled_model_path()) is explicit

@@ -35,7 +35,7 @@ def test_each_unsupported_setting_is_named():
     async_fixed = ZipageConfig(kv_budget=256, buffer=64, scorer="window", mode="fixed",
                                async_compaction=True)
     msgs = speculative.refusals(server("EAGLE", page_size=16, multi_layer=True), async_fixed)
-    for part in ("--zipage-scorer calibrated", "--page-size 16", "--zipage-async",
+    for part in ("the calibrated scorer", "--page-size 16", "--zipage-async",
                  "--enable-multi-layer-eagle"):
         assert sum(part in m for m in msgs) == 1, (part, msgs)
     assert len(msgs) == 4

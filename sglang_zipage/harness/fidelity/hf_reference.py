@@ -256,14 +256,18 @@ def add_reference_args(p, prompt_len: int) -> None:
     a("--device", default="cpu")
     a("--dtype", default="float32", choices=["float32", "bfloat16"])
     a("--model", default=None, help="model folder (default: the bundled SmolLM2)")
+    a("--scorer", default="window", choices=["window", "calibrated"],
+      help="calibrated: the model's query statistics (calibrate.stats_file)")
     a("--out", required=True)
 
 
 def for_texts(model: Optional[str], n_texts: int, prompt_len: int, cont_len: int,
-              dtype: str = "float32", device: str = "cpu", long_enough: bool = False):
+              dtype: str = "float32", device: str = "cpu", long_enough: bool = False,
+              scorer: str = "window"):
     """(model path, texts.Item list, HFReference): the fidelity texts cut into prompt and
     continuation with the model's tokenizer (the bundled SmolLM2 when ``model`` is None);
-    ``long_enough``: only texts of at least prompt + continuation tokens (texts.load_items)."""
+    ``long_enough``: only texts of at least prompt + continuation tokens (texts.load_items);
+    ``scorer`` calibrated: the reference holds the model's query statistics."""
     from transformers import AutoTokenizer
 
     from sglang_zipage.harness.fidelity.texts import load_items
@@ -272,7 +276,13 @@ def for_texts(model: Optional[str], n_texts: int, prompt_len: int, cont_len: int
     model = model or bundled_model_path()
     items = load_items(AutoTokenizer.from_pretrained(model), n_texts, prompt_len, cont_len,
                        long_enough)
-    return model, items, HFReference(model, dtype=getattr(torch, dtype), device=device)
+    ref = HFReference(model, dtype=getattr(torch, dtype), device=device)
+    if scorer == "calibrated":
+        from sglang_zipage.calibrate import stats_file
+        from sglang_zipage.query_stats import QueryStats
+
+        ref.query_stats = QueryStats.load(str(stats_file("", model)))
+    return model, items, ref
 
 
 def write_result(path: str, args, model: str, items, seconds: Dict, rows: Dict, **extra) -> None:
