@@ -77,21 +77,29 @@ def self_forced_table(root: str = ".", prefix: str = "") -> str:
             f"{short_commit(res['commit'])}: {link(name, prefix)}.")
 
 
+LOOP_GUARD_RUNS = (("loop-guard-cpu.json", "window"),
+                   ("loop-guard-calibrated-cpu.json", "calibrated"))
+
+
 def loop_guard_table(root: str = ".", prefix: str = "") -> str:
-    res = load_json(root, "loop-guard-cpu.json")
-    rows = []
-    for name, cfg in res["configs"].items():
-        s, gens = cfg["summary"], cfg["generations"]
-        stopped = [g["tokens"] for g in gens if g["stopped"]]
-        rows.append((name, s["generations"], s["looping"], s["stopped_on_their_own"],
-                     num(s["mean_tokens"]), num(sum(stopped) / len(stopped)) if stopped else "-",
-                     s["guard_triggers"]))
+    """The loop guard's CPU runs, one per scorer (the calibrated one since it is the default)."""
+    rows, links = [], []
+    for name, scorer in LOOP_GUARD_RUNS:
+        res = load_json(root, name)
+        for config, cfg in res["configs"].items():
+            s, gens = cfg["summary"], cfg["generations"]
+            stopped = [g["tokens"] for g in gens if g["stopped"]]
+            rows.append((config, "-" if config == "full" else scorer, s["generations"],
+                         s["looping"], s["stopped_on_their_own"], num(s["mean_tokens"]),
+                         num(sum(stopped) / len(stopped)) if stopped else "-",
+                         s["guard_triggers"]))
+        links.append(f"{link(name, prefix)} (commit {short_commit(res['commit'])})")
     st = res["settings"]
-    header = ("configuration", "generations", "looping", "stopped on their own", "mean tokens",
-              "mean tokens of those that stopped", "guard triggers")
+    header = ("configuration", "scorer", "generations", "looping", "stopped on their own",
+              "mean tokens", "mean tokens of those that stopped", "guard triggers")
     return (md_table(header, rows) + f"\n\nThe bundled SmolLM2 on a CPU, up to {st['tokens']} "
-            f"tokens, temperature {st['temperature']}, top-p {st['top_p']}, commit "
-            f"{short_commit(res['commit'])}: {link('loop-guard-cpu.json', prefix)}.")
+            f"tokens, temperature {st['temperature']}, top-p {st['top_p']}: "
+            + ", ".join(links) + ".")
 
 
 def ci_time_table(root: str = ".", prefix: str = "") -> str:
