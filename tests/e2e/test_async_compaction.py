@@ -33,8 +33,8 @@ def async_server(tmp_path_factory):
                   "--zipage-async", "--zipage-kv-budget", str(BUDGET),
                   "--zipage-buffer", str(BUFFER), *POOL_SHARE,
                   # the window scorer, whose NLL bound below this test was written against
-                  # (on the bicycle prompt's own greedy text at budget 64 the calibrated
-                  # scorer measured 2.15 here; fidelity-self-forced-cpu.json has 12 texts)
+                  # (the calibrated scorer exceeds it on one of the two prompts; both scorers
+                  # on the model's own text: fidelity-self-forced-cpu.json)
                   "--zipage-scorer", "window"], log, env=STRICT_MEM_ENV)
     yield srv
     alive = srv.stop()
