@@ -20,6 +20,9 @@ weights seeded alike), CUDA graphs, overlap and SGLang's strict memory checker o
 With --scorer calibrated each row first calibrates its model (python -m sglang_zipage.calibrate's
 capture on a zipage engine of the row's flags, random ids: dummy weights have no tokenizer) and
 its zipage engine scores with those statistics (write such rows to a file of their own).
+--speculative runs SPEC_MATRIX instead (issue 45): each family with a speculative algorithm
+and its draft, calibrated scorer, page 1; its zipage engine also runs the long prompts greedy
+compressed and with a per-request budget of 0, and reports both accept lengths side by side.
 A startup refusal is status ``refused``; a failed check, crash or timeout ``fail``. Rows run
 --parallel at a time on one GPU, as GPU_GIB allows; the JSON is written after every row.
 FAMILIES and MATRIX below list the rows; ``coverage.py merge BASE RUN... --out`` folds runs
@@ -94,6 +97,27 @@ MATRIX = [("*", "bfloat16", "triton", 1), ("*", "fp8_e4m3", "triton", 1),
 GPU_GIB = {"deepseek-v3": 30}
 DEFAULT_GPU_GIB = 14
 GPU_GIB_TOTAL = 120
+# Speculative decoding rows (issue 45; --speculative): (family, algorithm, draft, kv_dtype,
+# backend), page 1 and the calibrated scorer (what zipage runs speculative decoding with),
+# SGLang's chain drafts (SPEC_STEPS steps, topk 1, SPEC_DRAFT_TOKENS draft tokens). Drafts are
+# dummy weights of public draft shapes under benchmarks/models/: one LlamaForCausalLMEagle3
+# layer with a 32k draft vocabulary for Qwen3-8B, one EAGLE layer for Llama-3.1-8B,
+# DeepSeek-V3's own MTP layer (NEXTN: no draft folder), and STANDALONE with the target itself
+# ("target": the same dummy seed makes the draft the target, so its accept length means
+# something; the other drafts' random weights propose near-random tokens).
+SPEC_STEPS, SPEC_DRAFT_TOKENS = 3, 4
+SPEC_MATRIX = [  # in the order they start: the issue's three pairs first, bf16 before FP8
+    ("qwen3-8b", "EAGLE3", "qwen3-8b-eagle3", "bfloat16", "flashinfer"),
+    ("deepseek-v3", "NEXTN", None, "bfloat16", "triton"),
+    ("llama-3.1-8b", "EAGLE", "llama-3.1-8b-eagle", "bfloat16", "flashinfer"),
+    ("qwen3-8b", "STANDALONE", "target", "bfloat16", "flashinfer"),
+    ("qwen3-8b", "EAGLE3", "qwen3-8b-eagle3", "fp8_e4m3", "flashinfer"),
+    ("deepseek-v3", "NEXTN", None, "fp8_e4m3", "triton"),
+    ("llama-3.1-8b", "EAGLE", "llama-3.1-8b-eagle", "fp8_e4m3", "flashinfer"),
+    ("deepseek-v3", "NEXTN", None, "bfloat16", "flashinfer"),
+    ("qwen3-8b", "STANDALONE", "target", "bfloat16", "triton"),
+]
+SPEC_GIB = 1.25  # a draft model and its pool beside the target's
 POOL_TOKENS = {"deepseek-v3": 2_000_000}  # 128 query heads: a slot costs 3.1 MB
 DEFAULT_POOL_TOKENS = 600_000
 DEFAULT_SHARE = 0.03
@@ -108,19 +132,68 @@ def rows(families):
     return out
 
 
+def spec_rows(families):
+    return [{"family": fam, "kv_dtype": dtype, "attention_backend": backend, "page_size": 1,
+             "speculative": algorithm, "draft": draft}
+            for fam, algorithm, draft, dtype, backend in SPEC_MATRIX if fam in families]
+
+
 # ------------------------------------------------------------------------------ one row
-def engine_kwargs(row, stock):
-    folder, layers, budget, buffer = FAMILIES[row["family"]]
-    backend = row["attention_backend"]
+def model_override(row):
+    """The config fields a row changes: its layer count and the family's OVERRIDES."""
+    folder, layers, _, _ = FAMILIES[row["family"]]
     override = {"num_hidden_layers": layers, **OVERRIDES.get(row["family"], {})}
     cfg = model_config(os.path.join(MODELS, folder))
     if "layer_types" in cfg:  # per-layer kinds (gpt-oss): the first `layers` of them
         override["layer_types"] = cfg["layer_types"][:layers]
+    return override
+
+
+def written_model(row) -> str:
+    """A folder holding the family's config.json with the row's override written in. A
+    speculative row needs it: SGLang applies --json-model-override-args to the draft's config
+    as well (it would give an EAGLE draft the target's layer count), while a draft that is the
+    target (NEXTN's MTP layer, STANDALONE) must read the target's changed config."""
+    import tempfile
+
+    folder = FAMILIES[row["family"]][0]
+    cfg = {**model_config(os.path.join(MODELS, folder)), **model_override(row)}
+    out = os.path.join(tempfile.gettempdir(), "zipage-coverage-models",
+                       f"{folder}-L{cfg['num_hidden_layers']}")
+    os.makedirs(out, exist_ok=True)
+    tmp = os.path.join(out, f"config.json.{os.getpid()}")
+    with open(tmp, "w") as f:
+        json.dump(cfg, f, indent=1)
+    os.replace(tmp, os.path.join(out, "config.json"))  # rows side by side write the same
+    return out
+
+
+def spec_kwargs(row, target: str):
+    """SGLang's speculative decoding flags of a row (see SPEC_MATRIX)."""
+    kw = {"speculative_algorithm": row["speculative"],
+          "speculative_num_draft_tokens": SPEC_DRAFT_TOKENS}
+    if row["speculative"] != "NGRAM":
+        kw.update(speculative_num_steps=SPEC_STEPS, speculative_eagle_topk=1)
+    if row.get("draft"):
+        kw["speculative_draft_model_path"] = (target if row["draft"] == "target"
+                                              else os.path.join(MODELS, row["draft"]))
+    return kw
+
+
+def engine_kwargs(row, stock):
+    folder, _, budget, buffer = FAMILIES[row["family"]]
+    backend = row["attention_backend"]
+    model, more = os.path.join(MODELS, folder), {}
+    if row.get("speculative"):
+        model = written_model(row)
+        more = spec_kwargs(row, model)
+    else:
+        more["json_model_override_args"] = json.dumps(model_override(row))
     kw = dummy_engine_kwargs(
-        os.path.join(MODELS, folder), page_size=row["page_size"], seed=0, log_level="warning",
+        model, page_size=row["page_size"], seed=0, log_level="warning",
         kv_cache_dtype=row["kv_dtype"] if row["kv_dtype"] != "bfloat16" else "auto",
-        json_model_override_args=json.dumps(override), mem_fraction_static=0.85,
-        disable_prefill_cuda_graph=True, cuda_graph_bs_decode=[1, N_SHORT, N_LONG])
+        mem_fraction_static=0.85, disable_prefill_cuda_graph=True,
+        cuda_graph_bs_decode=[1, N_SHORT, N_LONG], **more)
     if backend.endswith("-no-hybrid-swa"):
         backend = backend[:-len("-no-hybrid-swa")]
         kw["disable_hybrid_swa_memory"] = True
@@ -133,12 +206,16 @@ def engine_kwargs(row, stock):
     return {**kw, **zipage_kwargs("stock" if stock else "zipage", options)}
 
 
+def without(row, *keys):
+    return {k: v for k, v in row.items() if k not in keys}
+
+
 def calibrate_row(row) -> None:
     """The row's model's query statistics (K = calibrate.QUERIES) at row["query_stats"],
     captured on a zipage engine of the row's flags (window scorer) from random ids."""
     from sglang_zipage import calibrate
 
-    plain = {k: v for k, v in row.items() if k not in ("scorer", "query_stats")}
+    plain = without(row, "scorer", "query_stats", "speculative", "draft")
     parts, what = calibrate.calibration_tokens(os.path.join(MODELS, FAMILIES[row["family"]][0]),
                                                calibrate.DOMAINS, 1024)
     acc = calibrate.capture(engine_kwargs(plain, stock=False), parts)
@@ -155,7 +232,7 @@ def per_request(outs):
     """What the checks need of each response's meta_info."""
     keys = {"completion_tokens": "tokens", "zipage_compactions": "compactions",
             "zipage_loop_guard": "loop_guard", "zipage_kv_len": "kv_len",
-            "prompt_tokens": "prompt"}
+            "prompt_tokens": "prompt", "spec_accept_length": "accept_length"}
     return [{short: o["meta_info"].get(k) for k, short in keys.items()} for o in outs]
 
 
@@ -200,6 +277,13 @@ def run_engine(row, stock):
                                 sampling_params=[sampled(LONG_OUT, **m) for m in marks])
             res["answers"] = [{**r, "marker_at": segments.find(o["output_ids"], m["zipage_think_end"])}
                               for r, o, m in zip(per_request(outs), outs, marks)]
+            if row.get("speculative"):
+                # accept length, greedy, the same prompts compressed and not (a per-request
+                # budget of 0), on the same engine
+                res["accept"] = {
+                    name: per_request(eng.generate(input_ids=long_prompts, sampling_params=greedy(
+                        LONG_OUT, **({} if name == "compressed" else {"zipage_kv_budget": 0}))))
+                    for name in ("compressed", "full")}
             if row["family"] in LARGE_BUDGET:
                 budget, out = LARGE_BUDGET[row["family"]]
                 outs = eng.generate(input_ids=prompts(row, N_LONG, 3),
@@ -227,20 +311,37 @@ def expected_compactions(out, budget, buffer):
     return (out - budget - buffer) // buffer + 1
 
 
-def compressed_ok(requests, out, budget, buffer):
+def compressed_ok(requests, out, budget, buffer, step=1):
     """Every request wrote ``out`` tokens and compacted once per buffer after its limit; one
     the loop guard raised (its budget x 2 per trigger, at most 4x) at least once, before the
-    guard could watch it. Returns (ok, the largest limit any request had)."""
-    want = expected_compactions(out, budget, buffer)
-    ok, limit = True, budget + buffer
+    guard could watch it. With ``step`` tokens committed per decode step (speculative
+    decoding) a step may cross the limit by step - 1 tokens: compactions come at least once
+    per buffer + step tokens, the limit is step - 1 higher. Returns (ok, the largest limit any
+    request had)."""
+    want = expected_compactions(out, budget, buffer + step - 1)
+    ok, limit = True, budget + buffer + step - 1
     for r in requests:
         boost = min(LoopGuard.max_boost, 2 ** (r["loop_guard"] or 0))
         ok = ok and r["tokens"] == out and r["compactions"] >= (want if boost == 1 else 1)
-        limit = max(limit, budget * boost + buffer)
+        limit = max(limit, budget * boost + buffer + step - 1)
     return ok, limit
 
 
-def answers_ok(answers, layout, page):
+def accept_summary(accept):
+    """Mean accept length of the compressed and the uncompressed greedy batch, their ratio,
+    and how many uncompressed requests compacted (must be none)."""
+    def mean(rows):
+        xs = [r["accept_length"] for r in rows if r.get("accept_length") is not None]
+        return round(sum(xs) / len(xs), 4) if xs else None
+
+    a, b = mean(accept["compressed"]), mean(accept["full"])
+    return {"compressed": a, "full": b, "ratio": round(a / b, 4) if a and b else None,
+            "compactions_per_request": mean([{"accept_length": r["compactions"]}
+                                             for r in accept["compressed"]]),
+            "full_requests_compacted": sum(bool(r["compactions"]) for r in accept["full"])}
+
+
+def answers_ok(answers, layout, page, step=1):
     """Think segments: where a request's marker was written, everything from it on is still
     in its KV at the end (kv_len >= prompt + the answer's written columns) and what it kept
     of the thinking is at most the answer budget + a page; some marker was found, except on
@@ -253,7 +354,7 @@ def answers_ok(answers, layout, page):
         return True, {**ev, "segments": "off on the hybrid sliding-window pool"}
     held = [a["kv_len"] - a["prompt"] - (a["tokens"] - 1 - a["marker_at"]) for a in found]
     ev["thinking_kept"] = sorted(held)
-    ok = bool(found) and all(0 <= h <= ANSWER_BUDGET + page for h in held)
+    ok = bool(found) and all(0 <= h <= ANSWER_BUDGET + page + step - 1 for h in held)
     return ok, ev
 
 
@@ -274,9 +375,11 @@ def judge(row, stock, zipage):
     mem["share_of_stock_pool"] = (round(mem["zipage_memory_bytes"] / mem["stock_kv_pool_bytes"], 5)
                                   if mem["zipage_memory_bytes"] and mem["stock_kv_pool_bytes"] else None)
     reqs = zipage["requests"]
-    compress_ok, limit = compressed_ok(reqs, LONG_OUT, budget, buffer)
+    step = SPEC_DRAFT_TOKENS if row.get("speculative") else 1
+    compress_ok, limit = compressed_ok(reqs, LONG_OUT, budget, buffer, step)
     layout = z.get("layout") or {}
-    answers_pass, answers = answers_ok(zipage["answers"], layout.get("layout"), row["page_size"])
+    answers_pass, answers = answers_ok(zipage["answers"], layout.get("layout"), row["page_size"],
+                                       step)
     ev = {"start_s": {"stock": stock["start_s"], "zipage": zipage["start_s"]},
           "zipage_over_stock_start_s": round(zipage["start_s"] - stock["start_s"], 1),
           "warm_up_s": z.get("warm_up_s"), "memory": mem,
@@ -290,10 +393,14 @@ def judge(row, stock, zipage):
           "short_first_diff_request": first_diff, "layout": layout}
     ok = (ev["short_equal_stock"] and compress_ok and answers_pass
           and mem["share_of_stock_pool"] is not None and mem["share_of_stock_pool"] <= DEFAULT_SHARE)
+    if "accept" in zipage:  # speculative rows: accept length reported, never judged
+        ev["accept_length"] = acc = accept_summary(zipage["accept"])
+        greedy_ok, _ = compressed_ok(zipage["accept"]["compressed"], LONG_OUT, budget, buffer, step)
+        ok = ok and greedy_ok and acc["full_requests_compacted"] == 0
     large = zipage.get("large_budget")
     if large:  # the per-request budget's batch: its own limit, its own compactions
         large_ok, large_limit = compressed_ok(large["requests"], large["output"],
-                                              large["kv_budget"], buffer)
+                                              large["kv_budget"], buffer, step)
         ev["large_budget"] = {
             "kv_budget": large["kv_budget"], "output": large["output"],
             **outcome(large["requests"]),
@@ -321,7 +428,9 @@ def run_row(row, out_path):
     os.environ.update(STRICT_CHECKS_ENV)
     result = dict(row)
     try:
-        refused = refusal({k: v for k, v in row.items() if k not in ("scorer", "query_stats")})
+        # the row's model and flags without the scorer (and without speculative decoding,
+        # which runs with the calibrated scorer only): what the calibration starts
+        refused = refusal(without(row, "scorer", "query_stats", "speculative", "draft"))
         if not refused and row.get("scorer") == "calibrated":
             calibrate_row(row)
             refused = refusal(row)  # the statistics' shape against the model's
@@ -342,20 +451,24 @@ def run_row(row, out_path):
 
 # ------------------------------------------------------------------------------ driver
 def drive(args):
-    todo = rows(args.families.split(",") if args.families else list(FAMILIES))
+    families = args.families.split(",") if args.families else list(FAMILIES)
+    todo = spec_rows(families) if args.speculative else rows(families)
     if args.rows:  # family:kv_dtype:backend:page, comma separated
         want = {tuple(r.split(":")) for r in args.rows.split(",")}
         todo = [r for r in todo if (r["family"], r["kv_dtype"], r["attention_backend"],
-                                    str(r["page_size"])) in want]
+                                    str(r["page_size"])) + ((r["speculative"],) if args.speculative
+                                                            else ()) in want]
     if args.default_pool:
         todo = [{**r, "default_pool": True} for r in todo]
     workdir = args.workdir or os.path.dirname(os.path.abspath(args.out))
-    if args.scorer == "calibrated":
+    if args.scorer == "calibrated" or args.speculative:
         todo = [{**r, "scorer": "calibrated",
                  "query_stats": os.path.join(workdir, "stats-{family}-{kv_dtype}-{attention_backend}"
-                                             "-{page_size}.safetensors".format(**r))}
+                                             "-{page_size}{spec}.safetensors".format(
+                                                 **r, spec=f"-{r['speculative']}" if r.get("speculative") else ""))}
                 for r in todo]
-    todo.sort(key=lambda r: r["family"] != "deepseek-v3")  # the issue's rows first
+    if not args.speculative:  # (speculative rows keep SPEC_MATRIX's order)
+        todo.sort(key=lambda r: r["family"] != "deepseek-v3")  # the issue's rows first
     os.makedirs(workdir, exist_ok=True)
     deadline = time.monotonic() + args.deadline_s
     report = {"command": command_line(prog="python3 benchmarks/coverage.py"),
@@ -366,10 +479,11 @@ def drive(args):
               "rows": []}
 
     room = threading.Condition()
-    free = [GPU_GIB_TOTAL]
+    free = [args.gpu_gib]
 
     def one(i_row):
         gib = GPU_GIB.get(i_row[1]["family"], DEFAULT_GPU_GIB)
+        gib = min(args.gpu_gib, gib * (SPEC_GIB if i_row[1].get("speculative") else 1))
         with room:
             room.wait_for(lambda: free[0] >= gib)
             free[0] -= gib
@@ -399,7 +513,8 @@ def drive(args):
                    "log_tail": open(log.name).read()[-2000:]}
         res["row_s"] = round(time.monotonic() - t0, 1)
         print("ROW", json.dumps({k: res.get(k) for k in ("family", "kv_dtype", "attention_backend",
-                                                         "page_size", "status", "row_s")}), flush=True)
+                                                         "page_size", "speculative", "status",
+                                                         "row_s")}), flush=True)
         report["rows"].append(res)
         write_json(report, args.out)
         return res
@@ -415,7 +530,7 @@ def drive(args):
 # ------------------------------------------------------------------------------- merge
 def _key(row):
     return (row["family"], row["kv_dtype"], row["attention_backend"], int(row["page_size"]),
-            bool(row.get("default_pool")))
+            bool(row.get("default_pool")), row.get("speculative"))
 
 
 def _harness_failure(row) -> bool:
@@ -468,12 +583,17 @@ def main():
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--out", required=True)
     p.add_argument("--families", default="", help="comma list (default: all of FAMILIES)")
-    p.add_argument("--rows", default="", help="only these rows: family:kv_dtype:backend:page,...")
+    p.add_argument("--rows", default="", help="only these rows: family:kv_dtype:backend:page"
+                   "[:ALGORITHM with --speculative],...")
     p.add_argument("--parallel", type=int, default=6)
     p.add_argument("--deadline-s", type=float, default=540)
     p.add_argument("--workdir", default=None, help="per-row JSON and logs (default: next to --out)")
     p.add_argument("--scorer", default="window", choices=["window", "calibrated"],
                    help="the zipage engines' scorer (calibrated: each row calibrates first)")
+    p.add_argument("--speculative", action="store_true",
+                   help="the speculative decoding rows (SPEC_MATRIX; calibrated scorer) instead")
+    p.add_argument("--gpu-gib", type=float, default=GPU_GIB_TOTAL,
+                   help="GPU memory the rows side by side may hold (GPU_GIB per row)")
     p.add_argument("--default-pool", action="store_true",
                    help="pools sized by SGLang from mem_fraction_static (run rows one at a time)")
     drive(p.parse_args())

@@ -8,14 +8,15 @@
 # /tmp/fidelity-full): run it again and it resumes where it stopped.
 # Environment: ENGINE_GPU / HF_GPU (0 / 1; the same GPU works, slower), HF_DEVICE (cuda),
 # PARALLEL, ENGINE_ARGS (the engine's GPU settings below), FIDELITY_ARGS (extra
-# run_fidelity.py arguments, e.g. a small set for a smoke run), PYTHON.
+# run_fidelity.py arguments, e.g. a small set for a smoke run), BUDGETS ("0.1875 0.25": other
+# budget fractions than the full preset's), PYTHON.
 set -u
 out=${1:?usage: run_h200.sh OUT_DIR [WORKDIR]}
 wd=${2:-/tmp/fidelity-full}
 py=${PYTHON:-python3}
 fid=benchmarks/fidelity/run_fidelity.py
 cmd="bash benchmarks/fidelity/run_h200.sh $*"
-for v in FIDELITY_ARGS ENGINE_ARGS PARALLEL; do  # overrides belong to the recorded command
+for v in FIDELITY_ARGS ENGINE_ARGS PARALLEL BUDGETS; do  # overrides belong to the recorded command
     [ -n "${!v+x}" ] && cmd="$v=$(printf %q "${!v}") $cmd"
 done
 # triton attention and the pytorch sampler: the GPU machine's SGLang bundle has neither fa3
@@ -24,7 +25,9 @@ engine_args=${ENGINE_ARGS-"--engine-arg attention_backend=triton --engine-arg sa
 # shellcheck disable=SC2206  # word splitting of the two argument strings is intended
 common=(--preset full ${FIDELITY_ARGS:-} --hf-device "${HF_DEVICE:-cuda}" ${engine_args}
         --parallel "${PARALLEL:-7}" --resume)
-budgets=(0.125 0.25 0.5)  # the full preset's; one HF process each
+# the full preset's budgets, or BUDGETS (space separated fractions); one HF process each
+budgets=(${BUDGETS:-0.125 0.25 0.5})
+[ -n "${BUDGETS:-}" ] && common+=(--budgets "$(IFS=,; echo "${budgets[*]}")")
 mkdir -p "$out" "$wd/logs"
 log() { echo "[run_h200 $(date +%H:%M:%S)] $*"; }
 
