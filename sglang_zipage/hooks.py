@@ -120,6 +120,26 @@ def _speculative_hook_table(algorithm: Optional[str]):
     return rows
 
 
+def _pd_decode_hook_table():
+    """A PD decode server (docs/internals/sglang-pd-hicache.md): its own request pool, and a
+    retraction that copies a request's KV to host and restores it instead of re-prefilling."""
+    from sglang.srt.plugins.hook_registry import HookType as T
+
+    return [
+        ("disaggregation.decode.DecodeReqToTokenPool.free", T.BEFORE, sh.release_window,
+         "the decode server's request pool is not a ReqToTokenPool (L186)"),
+        ("managers.schedule_batch.Req.offload_kv_cache", T.AROUND, sh.offload_physical,
+         "a retraction copies the columns a request holds, not its logical length (L1648)"),
+        ("managers.schedule_batch.Req.load_kv_cache", T.AROUND, sh.load_physical,
+         "and copies them back into as many (L1657)"),
+        ("disaggregation.decode.DecodePreallocQueue._pre_alloc_fill_len", T.AROUND,
+         sh.physical_fill_len, "a resumed request is preallocated its columns (L638)"),
+        ("disaggregation.decode_schedule_batch_mixin.ScheduleBatchDisaggregationDecodeMixin."
+         "prepare_for_prebuilt", T.AFTER, sh.physical_prebuilt,
+         "the batch that resumes it carries its physical length (L25)"),
+    ]
+
+
 def _frontend_hook_table():
     from sglang.srt.plugins.hook_registry import HookType as T
 
@@ -148,9 +168,11 @@ def apply_cpu_fixes() -> None:
 
 
 def install(config: Optional[ZipageConfig], *, device: Optional[str] = None,
-            page_size: int = 1, speculative: Optional[str] = None) -> None:
+            page_size: int = 1, speculative: Optional[str] = None,
+            pd_mode: Optional[str] = None) -> None:
     """Activate zipage in this process (idempotent). config None/disabled = stock SGLang.
-    ``speculative``: the --speculative-algorithm, if any."""
+    ``speculative``: the --speculative-algorithm, if any; ``pd_mode``: the
+    --disaggregation-mode (a prefill server decodes nothing: it runs stock)."""
     global _INSTALLED
     import sglang
 
@@ -159,7 +181,7 @@ def install(config: Optional[ZipageConfig], *, device: Optional[str] = None,
                            f"found {sglang.__version__}")
     if device == "cpu":
         apply_cpu_fixes()
-    if _INSTALLED or config is None or not config.enabled:
+    if _INSTALLED or config is None or not config.enabled or pd_mode == "prefill":
         return
     from sglang.srt.managers import schedule_policy
     from sglang_zipage.budget import Budget
@@ -170,7 +192,8 @@ def install(config: Optional[ZipageConfig], *, device: Optional[str] = None,
                                stock_clip=schedule_policy.CLIP_MAX_NEW_TOKENS)
     # ... new requests reserve prompt + budget + buffer, not max_new_tokens (read at call time).
     schedule_policy.CLIP_MAX_NEW_TOKENS = Budget.from_config(config, page_size).admission_reserve()
-    _apply(_hook_table() + _speculative_hook_table(speculative))
+    _apply(_hook_table() + _speculative_hook_table(speculative)
+           + (_pd_decode_hook_table() if pd_mode == "decode" else []))
     _INSTALLED = True
     logger.info("sglang-zipage active: %s", config.to_json())
 

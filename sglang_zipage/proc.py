@@ -28,7 +28,8 @@ def run_scheduler_process(server_args, *args, **kwargs):
     config = model_support.with_scorer(ZipageConfig.from_env(), server_args.model_path)
     hooks.install(config, device=server_args.device,
                   page_size=server_args.page_size or 1,
-                  speculative=server_args.speculative_algorithm)
+                  speculative=server_args.speculative_algorithm,
+                  pd_mode=server_args.disaggregation_mode)
     from sglang.srt.managers.scheduler import run_scheduler_process as _run
 
     try:

@@ -3,7 +3,8 @@
 Created at a request's first decode step (``state_of``), when its compressible suffix starts:
 the columns [0, c0) are the prompt's full pages (radix-owned, never compressed), [c0, kv_len)
 its decode suffix. A retraction starts it over (``restart``): the request re-prefills and its
-c0 is found again. The invariants it carries are budget.py's (I5: position = physical length
+c0 is found again; on a PD decode server its columns go to host and come back as they are,
+and its state stays. The invariants it carries are budget.py's (I5: position = physical length
 + pos_offset). Its fields change only through its methods, one per event in a request's life
 (a window slot taken or given back, a compaction, a squeeze, its prompt copied, its answer
 found, a loop seen, an asynchronous compaction started or ended); the modules that decide
@@ -38,6 +39,8 @@ class ReqState:
     answer_done: bool = False  # the thinking segment's last compaction is made (or not needed)
     prompt_asks: int = 2  # decode steps own_prompt.py may still ask it at, since its
     # (re-)prefill: its prompt may reach the tree a step late (0: its turn is over)
+    offloaded: bool = False  # a PD decode server's retraction copied its columns to host as
+    # they are: it resumes with this state (``offloaded_kv``, ``reloaded``), not re-prefilled
     unpublished: int = 0  # columns evicted since its length was last read from the device:
     # speculative decoding's overlap scheduler reads a step's lengths from what the step
     # before published, which counts them still (read and cleared by ``published``; read
@@ -124,6 +127,18 @@ class ReqState:
         shadow, self.shadow = self.shadow, None
         return shadow
 
+    def offloaded_kv(self) -> None:
+        """Its columns were copied to host as they are (a PD decode server retracts so): it
+        resumes with its suffix, offset and counts; its window slot went with its row."""
+        self.offloaded = True
+        self.window_since = -1
+
+    def reloaded(self) -> None:
+        """Its columns are back on the device, in new slots: no global score of before is
+        valid there."""
+        self.offloaded = False
+        self.n_stored = 0
+
     def restarted(self) -> "ReqState":
         """After a retraction the request re-prefills its tokens; its suffix starts over.
         Its compaction counts and its loop guard's state stay; c0 is found at its next
@@ -170,10 +185,23 @@ def physical_len(req, logical: int) -> int:
 
 
 def restart(req) -> None:
-    """A retracted request's state starts over (``ReqState.restarted``)."""
+    """A retracted request's state starts over (``ReqState.restarted``), unless its columns
+    went to host to come back as they are (``ReqState.offloaded_kv``)."""
     st = getattr(req, "zipage", None)
-    if st is not None:
+    if st is not None and not st.offloaded:
         req.zipage = st.restarted()
+
+
+def reloaded_lengths(batch):
+    """[(row, physical length)] of the batch's requests whose columns came back from host
+    (SGLang laid out their logical lengths), each marked reloaded."""
+    updates = []
+    for i, req in enumerate(batch.reqs):
+        st = getattr(req, "zipage", None)
+        if st is not None and st.offloaded:
+            updates.append((i, st.physical(int(batch.seq_lens_cpu[i]))))
+            st.reloaded()
+    return updates
 
 
 def set_lengths(batch, updates) -> None:

@@ -246,6 +246,21 @@ class ZipageRuntime:
     def on_retract(self, req) -> None:
         request_state.restart(req)
 
+    def reloaded(self, batch) -> bool:
+        """A PD decode server resumed requests from host: their lengths in ``batch`` are the
+        columns they hold. True if any was."""
+        updates = request_state.reloaded_lengths(batch)
+        if updates:
+            request_state.set_lengths(batch, updates)
+        return bool(updates)
+
+    def settle(self) -> None:
+        """The compaction moves planned so far, now, after the forward in flight: a PD
+        decode server's retraction copies the columns they move."""
+        if self.device.type == "cuda":
+            torch.cuda.synchronize()
+        self.flush()
+
     def physical_len(self, req, logical: int) -> int:
         return request_state.physical_len(req, logical)
 

@@ -228,6 +228,47 @@ def reset_on_retract(result, req):
     RUNTIME.on_retract(req)
 
 
+# ------------------------------------------- PD decode server (--disaggregation-mode decode)
+def offload_physical(original, req, req_to_token_pool, allocator):
+    """A decode server's retraction copies a request's KV to host and restores it later
+    instead of re-prefilling: a compressed request's columns are its physical ones (SGLang
+    copies its logical length), after the compactions planned for it; its state stays."""
+    st = getattr(req, "zipage", None)
+    if not RUNTIME.ready or st is None:
+        return original(req, req_to_token_pool, allocator)
+    RUNTIME.settle()
+    # SGLang's count: all but the last token (with overlap, the step in flight writes the
+    # last one's column; the resumed request writes it again), as columns
+    cols = req_to_token_pool.req_to_token[req.req_pool_idx, :st.physical(req.seqlen - 1)]
+    req.kv_cache_cpu = allocator.get_cpu_copy(cols, mamba_indices=req.mamba_pool_idx)
+    st.offloaded_kv()
+
+
+def load_physical(original, req, req_to_token_pool, allocator):
+    """The copy back, into the columns the preallocation gave it (``physical_fill_len``)."""
+    st = getattr(req, "zipage", None)
+    if not RUNTIME.ready or st is None or not st.offloaded:
+        return original(req, req_to_token_pool, allocator)
+    cols = req_to_token_pool.req_to_token[req.req_pool_idx, :req.kv_committed_len]
+    allocator.load_cpu_copy(req.kv_cache_cpu, cols, mamba_indices=req.mamba_pool_idx)
+    del req.kv_cache_cpu
+
+
+def physical_fill_len(original, req):
+    """What the decode server preallocates for a request: a resumed one holds its columns,
+    not its logical length."""
+    n = original(req)
+    st = getattr(req, "zipage", None)
+    return st.physical(n) if RUNTIME.ready and st is not None and st.offloaded else n
+
+
+def physical_prebuilt(result, batch):
+    """The batch the decode server resumes requests with carries logical lengths: the
+    resumed ones hold their columns."""
+    if RUNTIME.ready and RUNTIME.reloaded(batch):
+        batch.orig_seq_lens = batch.seq_lens.to(batch.orig_seq_lens.dtype)
+
+
 def physical_swa_eviction(original, batch, req, pre_len):
     # SGLang passes the logical length (req.seqlen - 1); the columns are physical.
     return original(batch, req, RUNTIME.physical_len(req, pre_len) if RUNTIME.ready else pre_len)
@@ -244,7 +285,7 @@ def outputs_stay_private(original, req, tree_cache, **kwargs):
     import torch
 
     req.prefix_indices = tree_cache.req_to_token_pool.req_to_token[
-        req.req_pool_idx, :n].to(dtype=torch.int64, copy=True)
+        req.req_pool_idx, :RUNTIME.physical_len(req, n)].to(dtype=torch.int64, copy=True)
 
 
 def report_state(result, scheduler, *args, **kwargs):

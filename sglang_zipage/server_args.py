@@ -84,17 +84,38 @@ def incompatibilities(server_args, config: ZipageConfig, invalid=()) -> List[str
                        f"{', '.join(SUPPORTED_BACKENDS)}")
     checks = [
         (a.enable_mixed_chunk, "--enable-mixed-chunk (mixes logical positions with KV lengths)"),
-        (a.disaggregation_mode not in (None, "null"), "--disaggregation-mode (PD disaggregation)"),
         (a.enable_hierarchical_cache, "--enable-hierarchical-cache"),
         (a.pp_size != 1, "--pp-size > 1 (pipeline parallelism)"),
         (a.enable_torch_compile, "--enable-torch-compile"),
     ]
     bad += [f"{what} is not supported" for cond, what in checks if cond]
+    bad += pd_refusals(a)
     bad += speculative.refusals(a, config)
     bad += model_refusals(a, config)
     if bad:
         bad.append("pass --zipage-disable to run stock SGLang with these settings")
     return bad
+
+
+def pd_refusals(server_args) -> List[str]:
+    """PD disaggregation: the decode server compresses (docs/scale-out.md); a prefill server
+    decodes nothing, so it runs SGLang's own scheduler (hooks.install), with zipage's request
+    options accepted. What a decode server cannot run yet, by name."""
+    a = server_args
+    if a.disaggregation_mode != "decode":
+        return []
+    checks = [
+        (a.disaggregation_decode_enable_offload_kvcache,
+         "--disaggregation-decode-enable-offload-kvcache",
+         "it stores a request's KV to host by token position, which a compressed request no "
+         "longer holds"),
+        (a.disaggregation_decode_enable_radix_cache, "--disaggregation-decode-enable-radix-cache",
+         "the decode server's prefix tree under compression is not validated yet (SGLang's "
+         "fake transfer backend cannot run it, and no other backend is installed here)"),
+        (a.speculative_algorithm is not None, f"--speculative-algorithm "
+         f"{a.speculative_algorithm} on a decode server", "not validated yet"),
+    ]
+    return [f"{flag} is not supported with zipage yet: {why}" for cond, flag, why in checks if cond]
 
 
 def model_refusals(server_args, config: ZipageConfig) -> List[str]:

@@ -1,0 +1,90 @@
+"""A PD-disaggregated decode server with compression, on SGLang's CPU path (issue 47).
+
+SGLang's ``fake`` transfer backend runs a decode server alone: it admits each request as if
+its prompt's KV had arrived from a prefill server (the preallocated slots keep whatever the
+pool held), then decodes it. Mooncake and NIXL are not installed here, and the fake backend
+cannot serve as the prefill side, so this covers the decode server's own work: admission
+through its preallocation queue, compression of the decode suffix, its request pool giving
+back query-window slots, and its retraction, which copies a request's KV to host and copies
+it back instead of re-prefilling (a compressed request holds its columns, not its logical
+length). The bundled model (real weights: a request's KV decides what it writes), the window
+scorer (its query-window slots live in the request pool's rows), SGLang's strict memory
+checker on. Run: .venv/bin/python -m pytest tests/e2e/test_pd_decode.py
+"""
+
+from sglang_zipage.harness.server import STRICT_MEM_ENV, Server
+from zipage_server import FIXED_MODE, SMALL_BUDGET, assert_healthy
+
+DECODE = ["--disaggregation-mode", "decode", "--disaggregation-transfer-backend", "fake"]
+N, OUT = 2, 200
+# a decode server books 512 tokens per request it holds (SGLang's reserved decode tokens,
+# whatever the request's budget): a pool for both requests at once
+POOL_TOKENS = "2048"
+
+
+def _decode_server(log, scorer, env=None):
+    return Server(["--max-total-tokens", POOL_TOKENS, "--zipage-scorer", scorer, *DECODE,
+                   *SMALL_BUDGET, *FIXED_MODE], log, env={**STRICT_MEM_ENV, **(env or {})})
+
+
+def _run(server):
+    """N requests in one batch (one admission step: the same batch composition on every
+    server), as a router would send them: each with the prefill server's bootstrap address
+    (the fake backend's) and room."""
+    prompts = [list(range(300 + 20 * i, 317 + 20 * i)) for i in range(N)]
+    params = [{"max_new_tokens": OUT, "temperature": 0, "ignore_eos": True}] * N
+    return server.generate_ids(prompts, params, bootstrap_host=["2.2.2.2"] * N,
+                               bootstrap_room=list(range(7, 7 + N)))
+
+
+def _facts(out):
+    return {k: out["meta_info"][k] for k in ("completion_tokens", "num_retractions",
+                                             "zipage_compactions", "zipage_kv_len",
+                                             "prompt_tokens")}
+
+
+def _compressed_within(outs, limit):
+    facts = [_facts(o) for o in outs]
+    assert all(f["completion_tokens"] == OUT and f["zipage_compactions"] > 0 for f in facts), facts
+    assert all(f["zipage_kv_len"] <= f["prompt_tokens"] + limit for f in facts), facts
+    return facts
+
+
+def test_decode_server_compresses_and_gives_back_window_slots(tmp_path):
+    """The window scorer keeps each request's recent queries in a slot tied to its row of
+    the request pool, which on a decode server is SGLang's DecodeReqToTokenPool: requests
+    compress within prompt + budget + buffer, and every slot is free once they end."""
+    server = _decode_server(tmp_path / "window.log", "window")
+    try:
+        _compressed_within(_run(server), server.zipage_state()["budget_limit_tokens"])
+        state = server.zipage_state()
+        assert state["free_window_slots"] == state["window_slots"], state
+        assert_healthy(server)
+    finally:
+        server.stop()
+
+
+def test_retraction_on_a_decode_server_loses_nothing(tmp_path):
+    """Both servers fresh, the same batch, the calibrated scorer (no per-request query
+    state, so a request's compactions depend on its KV alone): where SGLang's test hook
+    retracts a request every 30 forwards, the retracted request writes the same tokens as
+    on the server that never retracted (its KV and positions came back as they were)."""
+    plain = _decode_server(tmp_path / "plain.log", "calibrated")
+    try:
+        limit = plain.zipage_state()["budget_limit_tokens"]
+        base = _run(plain)
+        assert_healthy(plain)
+    finally:
+        plain.stop()
+    env = {"SGLANG_TEST_RETRACT": "1", "SGLANG_TEST_RETRACT_INTERVAL": "30"}
+    retracting = _decode_server(tmp_path / "retract.log", "calibrated", env)
+    try:
+        outs = _run(retracting)
+        assert_healthy(retracting)
+    finally:
+        retracting.stop()
+    facts = _compressed_within(outs, limit)
+    retracted = [i for i, f in enumerate(facts) if f["num_retractions"]]
+    assert retracted, facts
+    for i in retracted:
+        assert outs[i]["output_ids"] == base[i]["output_ids"], (i, facts)
