@@ -116,6 +116,8 @@ SPEC_MATRIX = [  # in the order they start: the issue's three pairs first, bf16 
     ("llama-3.1-8b", "EAGLE", "llama-3.1-8b-eagle", "fp8_e4m3", "flashinfer"),
     ("deepseek-v3", "NEXTN", None, "bfloat16", "flashinfer"),
     ("qwen3-8b", "STANDALONE", "target", "bfloat16", "triton"),
+    ("qwen3-8b", "EAGLE3", "qwen3-8b-eagle3", "bfloat16", "triton"),
+    ("llama-3.1-8b", "EAGLE", "llama-3.1-8b-eagle", "bfloat16", "triton"),
 ]
 SPEC_GIB = 1.25  # a draft model and its pool beside the target's
 POOL_TOKENS = {"deepseek-v3": 2_000_000}  # 128 query heads: a slot costs 3.1 MB
