@@ -137,6 +137,9 @@ def _pd_decode_hook_table():
         ("disaggregation.decode_schedule_batch_mixin.ScheduleBatchDisaggregationDecodeMixin."
          "prepare_for_prebuilt", T.AFTER, sh.physical_prebuilt,
          "the batch that resumes it carries its physical length (L25)"),
+        ("disaggregation.decode.DecodePreallocQueue._active_reserved_tokens", T.AROUND,
+         sh.decode_reserve, "admission books the running compressing requests at their "
+         "growth's peak, not 512 tokens each (L1341)"),
     ]
 
 

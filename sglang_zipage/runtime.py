@@ -246,6 +246,15 @@ class ZipageRuntime:
     def on_retract(self, req) -> None:
         request_state.restart(req)
 
+    def decode_reserve_relief(self, running, per_request: int) -> int:
+        """A PD decode server reserves ``per_request`` tokens for every request it holds;
+        its running compressing requests are booked at the peak of their growth (A1) where
+        that is less: the tokens that frees for admission."""
+        compressing = [r for r in running
+                       if not r.finished() and self.admission.compresses(r) is not None]
+        stock = len(compressing) * per_request
+        return stock - min(stock, self.admission.growths(compressing).peak())
+
     def reloaded(self, batch) -> bool:
         """A PD decode server resumed requests from host: their lengths in ``batch`` are the
         columns they hold. True if any was."""

@@ -269,6 +269,18 @@ def physical_prebuilt(result, batch):
         batch.orig_seq_lens = batch.seq_lens.to(batch.orig_seq_lens.dtype)
 
 
+def decode_reserve(original, queue, *args, **kwargs):
+    """The decode server keeps SGLang's reserved decode tokens (512) free for each request
+    it holds, whatever its growth: a compressing one grows at most to its limit before a
+    compaction frees room, so the running ones are booked at their growth's peak where that
+    is less (never more than SGLang's)."""
+    reserved = original(queue, *args, **kwargs)
+    if not RUNTIME.ready:
+        return reserved
+    return reserved - RUNTIME.decode_reserve_relief(queue.scheduler.running_batch.reqs,
+                                                    queue.num_reserved_decode_tokens)
+
+
 def physical_swa_eviction(original, batch, req, pre_len):
     # SGLang passes the logical length (req.seqlen - 1); the columns are physical.
     return original(batch, req, RUNTIME.physical_len(req, pre_len) if RUNTIME.ready else pre_len)

@@ -7,23 +7,25 @@ cannot serve as the prefill side, so this covers the decode server's own work: a
 through its preallocation queue, compression of the decode suffix, its request pool giving
 back query-window slots, and its retraction, which copies a request's KV to host and copies
 it back instead of re-prefilling (a compressed request holds its columns, not its logical
-length). The bundled model (real weights: a request's KV decides what it writes), the window
-scorer (its query-window slots live in the request pool's rows), SGLang's strict memory
-checker on. Run: .venv/bin/python -m pytest tests/e2e/test_pd_decode.py
+length). The bundled model (real weights: a request's KV decides what it writes), fixed mode
+at 64 + 16, SGLang's strict memory checker on. Run: .venv/bin/python -m pytest tests/e2e/test_pd_decode.py
 """
+
+import time
+from concurrent.futures import ThreadPoolExecutor
 
 from sglang_zipage.harness.server import STRICT_MEM_ENV, Server
 from zipage_server import FIXED_MODE, SMALL_BUDGET, assert_healthy
 
 DECODE = ["--disaggregation-mode", "decode", "--disaggregation-transfer-backend", "fake"]
 N, OUT = 2, 200
-# a decode server books 512 tokens per request it holds (SGLang's reserved decode tokens,
-# whatever the request's budget): a pool for both requests at once
+# a decode server books 512 tokens per request it holds before it runs (SGLang's reserved
+# decode tokens): a pool for both requests of one batch at once
 POOL_TOKENS = "2048"
 
 
-def _decode_server(log, scorer, env=None):
-    return Server(["--max-total-tokens", POOL_TOKENS, "--zipage-scorer", scorer, *DECODE,
+def _decode_server(log, scorer, env=None, pool=POOL_TOKENS):
+    return Server(["--max-total-tokens", pool, "--zipage-scorer", scorer, *DECODE,
                    *SMALL_BUDGET, *FIXED_MODE], log, env={**STRICT_MEM_ENV, **(env or {})})
 
 
@@ -50,20 +52,6 @@ def _compressed_within(outs, limit):
     return facts
 
 
-def test_decode_server_compresses_and_gives_back_window_slots(tmp_path):
-    """The window scorer keeps each request's recent queries in a slot tied to its row of
-    the request pool, which on a decode server is SGLang's DecodeReqToTokenPool: requests
-    compress within prompt + budget + buffer, and every slot is free once they end."""
-    server = _decode_server(tmp_path / "window.log", "window")
-    try:
-        _compressed_within(_run(server), server.zipage_state()["budget_limit_tokens"])
-        state = server.zipage_state()
-        assert state["free_window_slots"] == state["window_slots"], state
-        assert_healthy(server)
-    finally:
-        server.stop()
-
-
 def test_retraction_on_a_decode_server_loses_nothing(tmp_path):
     """Both servers fresh, the same batch, the calibrated scorer (no per-request query
     state, so a request's compactions depend on its KV alone): where SGLang's test hook
@@ -88,3 +76,37 @@ def test_retraction_on_a_decode_server_loses_nothing(tmp_path):
     assert retracted, facts
     for i in retracted:
         assert outs[i]["output_ids"] == base[i]["output_ids"], (i, facts)
+
+
+def test_a_decode_server_compresses_admits_beside_them_and_gives_back_window_slots(tmp_path):
+    """SGLang's decode server keeps 512 tokens free for each request it holds: in a
+    1024-token pool a second request would wait until the first ends. A compressing request
+    grows at most to its limit (prompt + 80 here) before a compaction frees room, so it is
+    booked at that: the second request is admitted while the first runs. Both compress
+    within prompt + budget + buffer, and the window scorer's slots, tied to rows of the
+    decode server's own request pool (DecodeReqToTokenPool), are all free once they end."""
+    server = _decode_server(tmp_path / "admit.log", "window", pool="1024")
+    try:
+        limit = server.zipage_state()["budget_limit_tokens"]
+
+        def one(i, n):
+            return server.generate_ids([list(range(300 + 20 * i, 317 + 20 * i))],
+                                       [{"max_new_tokens": n, "temperature": 0,
+                                         "ignore_eos": True}],
+                                       bootstrap_host=["2.2.2.2"], bootstrap_room=[7 + i])[0]
+        with ThreadPoolExecutor(2) as ex:
+            first = ex.submit(one, 0, 2 * OUT)
+            while server.zipage_state()["compactions"] == 0:  # the first one compresses
+                time.sleep(0.2)
+            second = ex.submit(one, 1, OUT)
+            outs = [first.result(), second.result()]
+        state = server.zipage_state()
+        assert state["most_running_requests"] == 2, state
+        facts = [_facts(o) for o in outs]
+        assert [f["completion_tokens"] for f in facts] == [2 * OUT, OUT], facts
+        assert all(f["zipage_compactions"] > 0 for f in facts), facts
+        assert all(f["zipage_kv_len"] <= f["prompt_tokens"] + limit for f in facts), facts
+        assert state["free_window_slots"] == state["window_slots"], state
+        assert_healthy(server)
+    finally:
+        server.stop()
