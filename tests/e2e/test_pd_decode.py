@@ -19,6 +19,8 @@ from zipage_server import FIXED_MODE, SMALL_BUDGET, assert_healthy
 
 DECODE = ["--disaggregation-mode", "decode", "--disaggregation-transfer-backend", "fake"]
 N, OUT = 2, 200
+# (servers are stopped with a short grace: SIGTERM, then SIGKILL; their shutdown is not
+# what these tests check)
 # a decode server books 512 tokens per request it holds before it runs (SGLang's reserved
 # decode tokens): a pool for both requests of one batch at once
 POOL_TOKENS = "2048"
@@ -63,14 +65,14 @@ def test_retraction_on_a_decode_server_loses_nothing(tmp_path):
         base = _run(plain)
         assert_healthy(plain)
     finally:
-        plain.stop()
+        plain.stop(grace=5)
     env = {"SGLANG_TEST_RETRACT": "1", "SGLANG_TEST_RETRACT_INTERVAL": "30"}
     retracting = _decode_server(tmp_path / "retract.log", "calibrated", env)
     try:
         outs = _run(retracting)
         assert_healthy(retracting)
     finally:
-        retracting.stop()
+        retracting.stop(grace=5)
     facts = _compressed_within(outs, limit)
     retracted = [i for i, f in enumerate(facts) if f["num_retractions"]]
     assert retracted, facts
@@ -95,7 +97,7 @@ def test_a_decode_server_compresses_admits_beside_them_and_gives_back_window_slo
                                          "ignore_eos": True}],
                                        bootstrap_host=["2.2.2.2"], bootstrap_room=[7 + i])[0]
         with ThreadPoolExecutor(2) as ex:
-            first = ex.submit(one, 0, 2 * OUT)
+            first = ex.submit(one, 0, 3 * OUT // 2)
             while server.zipage_state()["compactions"] == 0:  # the first one compresses
                 time.sleep(0.2)
             second = ex.submit(one, 1, OUT)
@@ -103,10 +105,10 @@ def test_a_decode_server_compresses_admits_beside_them_and_gives_back_window_slo
         state = server.zipage_state()
         assert state["most_running_requests"] == 2, state
         facts = [_facts(o) for o in outs]
-        assert [f["completion_tokens"] for f in facts] == [2 * OUT, OUT], facts
+        assert [f["completion_tokens"] for f in facts] == [3 * OUT // 2, OUT], facts
         assert all(f["zipage_compactions"] > 0 for f in facts), facts
         assert all(f["zipage_kv_len"] <= f["prompt_tokens"] + limit for f in facts), facts
         assert state["free_window_slots"] == state["window_slots"], state
         assert_healthy(server)
     finally:
-        server.stop()
+        server.stop(grace=5)
