@@ -40,7 +40,7 @@ from sglang_zipage.harness.fidelity.selection import Eviction
 
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    add_reference_args(p, prompt_len=64)
+    add_reference_args(p, prompt_len=64, scorer=True)
     p.add_argument("--floor", type=int, default=64)
     p.add_argument("--squeeze-at", type=int, default=None,
                    help="output step of the squeeze (default: half)")

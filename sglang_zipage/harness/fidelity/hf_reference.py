@@ -241,9 +241,10 @@ class HFReference:
         return runs, seconds
 
 
-def add_reference_args(p, prompt_len: int) -> None:
+def add_reference_args(p, prompt_len: int, scorer: bool = False) -> None:
     """The command-line settings of a reference-only fidelity script (squeeze.py,
-    own_prompt.py): texts, lengths, budget, buffer, window, where it runs and its output."""
+    own_prompt.py): texts, lengths, budget, buffer, window, where it runs and its output;
+    ``scorer``: --scorer too (for a script whose rows do not name their scorers)."""
     a = p.add_argument
     a("--n-texts", type=int, default=4)
     a("--long-enough", action="store_true", help="pick the --n-texts texts among those of at "
@@ -256,8 +257,9 @@ def add_reference_args(p, prompt_len: int) -> None:
     a("--device", default="cpu")
     a("--dtype", default="float32", choices=["float32", "bfloat16"])
     a("--model", default=None, help="model folder (default: the bundled SmolLM2)")
-    a("--scorer", default="window", choices=["window", "calibrated"],
-      help="calibrated: the model's query statistics (calibrate.stats_file)")
+    if scorer:
+        a("--scorer", default="window", choices=["window", "calibrated"],
+          help="calibrated: the model's query statistics (calibrate.stats_file)")
     a("--out", required=True)
 
 
