@@ -275,8 +275,8 @@ def decode_reserve(original, queue, *args, **kwargs):
     compaction frees room, so the running ones are booked at their growth's peak where that
     is less (never more than SGLang's)."""
     reserved = original(queue, *args, **kwargs)
-    if not RUNTIME.ready:
-        return reserved
+    if not RUNTIME.ready or not (queue.queue or queue.retracted_queue):
+        return reserved  # (it decides nothing then: SGLang asks every scheduler iteration)
     return reserved - RUNTIME.decode_reserve_relief(queue.scheduler.running_batch.reqs,
                                                     queue.num_reserved_decode_tokens)
 
