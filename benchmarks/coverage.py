@@ -332,14 +332,13 @@ def compressed_ok(requests, out, budget, buffer, step=1):
 def accept_summary(accept):
     """Mean accept length of the compressed and the uncompressed greedy batch, their ratio,
     and how many uncompressed requests compacted (must be none)."""
-    def mean(rows):
-        xs = [r["accept_length"] for r in rows if r.get("accept_length") is not None]
+    def mean(rows, key):
+        xs = [r[key] for r in rows if r.get(key) is not None]
         return round(sum(xs) / len(xs), 4) if xs else None
 
-    a, b = mean(accept["compressed"]), mean(accept["full"])
+    a, b = mean(accept["compressed"], "accept_length"), mean(accept["full"], "accept_length")
     return {"compressed": a, "full": b, "ratio": round(a / b, 4) if a and b else None,
-            "compactions_per_request": mean([{"accept_length": r["compactions"]}
-                                             for r in accept["compressed"]]),
+            "compactions_per_request": mean(accept["compressed"], "compactions"),
             "full_requests_compacted": sum(bool(r["compactions"]) for r in accept["full"])}
 
 
