@@ -49,12 +49,15 @@ from sglang_zipage.harness.windows import Sampler, log, progress_line, steady_wi
 CHILD = "bench-serving-child"
 NO_TOKEN_ERROR = "no output token before the window end (aborted while queued)"
 # sample key -> (Prometheus sample name, labels it must carry); summed over matching samples
+# (spec_accept_length: SGLang's gauge of the last logged decode stretch, 0 without speculative
+# decoding; the window takes its mean)
 PROM_COUNTERS = {
     "decode_tokens": ("sglang:realtime_tokens_total", {"mode": "decode"}),
     "prefill_tokens": ("sglang:realtime_tokens_total", {"mode": "prefill_compute"}),
     "retractions": ("sglang:num_retracted_requests_total", {}),
     "retracted_output_tokens": ("sglang:num_retracted_output_tokens_total", {}),
     "finished_requests": ("sglang:num_requests_total", {}),
+    "spec_accept_length": ("sglang:spec_accept_length", {}),
 }
 ZIPAGE_KEYS = ("compactions", "pressure_compactions", "compaction_batches", "compaction_gpu_ms",
                "compaction_ms", "tokens_evicted", "running_compressed_requests",

@@ -77,7 +77,8 @@ BENCH_KEYS = ("completed", "duration", "total_output_tokens", "output_throughput
               "median_ttft_ms", "p99_ttft_ms", "median_tpot_ms", "p99_tpot_ms",
               "median_itl_ms", "p99_itl_ms", "median_e2e_latency_ms", "concurrency")
 WINDOW_KEYS = ("output_tok_s", "mean_running_reqs", "mean_waiting_reqs", "mean_pool_use",
-               "retractions_per_min", "finished_per_min", "server_tpot_ms", "compaction_share")
+               "retractions_per_min", "finished_per_min", "server_tpot_ms", "compaction_share",
+               "spec_accept_length")
 SPAN_KEYS = ("start_s", "end_s", "output_tok_s", "finished", "mean_running_reqs",
              "min_running_reqs", "max_running_reqs", "mean_pool_use")
 RUN_SPECIFIC = ("--base-url", "--tokenizer", "--output-file")  # a port and temporary paths

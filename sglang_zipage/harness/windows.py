@@ -228,6 +228,9 @@ def steady_window(samples: List[Dict], lo_s: float, hi_s: float) -> Dict:
                retracted_output_tokens=w.delta("retracted_output_tokens"),
                finished=w.delta("finished_requests"),
                finished_per_min=rnd(w.rate("finished_requests", 60)))
+    accept = [a for a in w.values("spec_accept_length") if a]
+    if accept:  # speculative decoding: SGLang's accept length, logged every few decode steps
+        out["spec_accept_length"] = rnd(sum(accept) / len(accept), 3)
     if out["output_tok_s"] and out["mean_running_reqs"]:
         out["server_tpot_ms"] = rnd(1e3 * out["mean_running_reqs"] / out["output_tok_s"])
     z = w.zipage()
