@@ -1,0 +1,122 @@
+"""A PD-disaggregated deployment on the CPU (issue 47): a prefill server, a decode server that
+compresses, sglang-router in PD mode in front, the prompt's KV sent from one to the other by
+mooncake's transfer engine over TCP (``mooncake-transfer-engine-non-cuda``; SGLang's
+``mooncake`` backend with ``MC_FORCE_TCP=1``, as its ``mooncake_tcp`` choice sets it).
+
+The decode server keeps SGLang's prefix tree (``--disaggregation-decode-enable-radix-cache``):
+a later turn's prompt is matched there and only its missing suffix is sent. A request's
+compressed answer never enters the tree, as on a single server. Every output is compared with
+a single zipage server of the same flags given the same requests one at a time (the same
+batch composition: one request decoding alone), so a wrong or missing KV transfer, or a
+prefix tree holding other KV than the prompt's, shows as other tokens. The bundled model,
+the calibrated scorer (no per-request query state), fixed mode 64 + 16, SGLang's strict
+memory checker on every server. Run: .venv/bin/python -m pytest tests/e2e/test_pd_pair.py
+"""
+
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+import requests
+
+from sglang_zipage.harness.probe import loads
+from sglang_zipage.harness.server import STRICT_MEM_ENV, Server, free_port
+from zipage_server import FIXED_MODE, SMALL_BUDGET, assert_healthy, router
+
+OUT = 200
+# A decode server admits a request once prompt + min(max_new_tokens, 4096) fits its pool
+# beside 512 reserved tokens (SGLang's logical estimate, not yet zipage's): so a long one here
+# is shorter than the 2048-token pool.
+LONG = 1200
+ENV = {**STRICT_MEM_ENV, "MC_FORCE_TCP": "1"}  # mooncake over TCP: no RDMA device here
+MOONCAKE = ["--disaggregation-transfer-backend", "mooncake"]
+POOL = ["--max-total-tokens", "2048"]
+COMPRESS = [*POOL, "--zipage-scorer", "calibrated", *SMALL_BUDGET, *FIXED_MODE]
+
+
+@pytest.fixture(scope="module")
+def deployment(tmp_path_factory):
+    """(router url, prefill, decode, single): the PD deployment and its single-server twin."""
+    logs = tmp_path_factory.mktemp("pd")
+    bootstrap = free_port()
+    starts = {
+        "prefill": lambda: Server([*POOL, "--disaggregation-mode", "prefill", *MOONCAKE,
+                                   "--disaggregation-bootstrap-port", str(bootstrap)],
+                                  logs / "prefill.log", env=ENV),
+        "decode": lambda: Server([*COMPRESS, "--disaggregation-mode", "decode", *MOONCAKE,
+                                  "--disaggregation-decode-enable-radix-cache"],
+                                 logs / "decode.log", env=ENV),
+        "single": lambda: Server(COMPRESS, logs / "single.log", env=STRICT_MEM_ENV)}
+    with ThreadPoolExecutor(len(starts)) as ex:  # about 40 s each on two cores
+        servers = {k: f.result() for k, f in [(k, ex.submit(v)) for k, v in starts.items()]}
+    proc, url = router(["--pd-disaggregation", "--prefill", servers["prefill"].url, str(bootstrap),
+                        "--decode", servers["decode"].url], 2, logs / "router.log")
+    try:
+        yield url, servers["prefill"], servers["decode"], servers["single"]
+    finally:
+        proc.kill()
+        for s in servers.values():
+            s.stop(grace=5)
+
+
+def _generate(url, ids, **params):
+    body = {"input_ids": ids, "sampling_params": {"max_new_tokens": OUT, "temperature": 0,
+                                                  "ignore_eos": True, **params}}
+    r = requests.post(url + "/generate", json=body, timeout=900)
+    r.raise_for_status()
+    return r.json()
+
+
+def test_through_the_router_a_conversation_compresses_on_the_decode_server_and_its_next_turn_hits_its_tree(deployment):
+    url, prefill, decode, single = deployment
+    limit = decode.zipage_state()["budget_limit_tokens"]
+    first = list(range(300, 400))
+    pd, alone = _generate(url, first), _generate(single.url, first)
+    assert pd["output_ids"] == alone["output_ids"]  # the prompt's KV arrived as it was
+    meta = pd["meta_info"]  # the decode server's, through the router
+    assert meta["zipage_compactions"] > 0 and meta["zipage_kv_len"] <= len(first) + limit, meta
+    second = first + pd["output_ids"] + list(range(500, 520))
+    pd, alone = _generate(url, second), _generate(single.url, second)
+    assert pd["output_ids"] == alone["output_ids"]
+    # the decode server's tree held the first prompt (and not the compressed answer): only
+    # the rest was prefilled and sent
+    assert pd["meta_info"]["cached_tokens"] == len(first), pd["meta_info"]
+    assert pd["meta_info"]["zipage_compactions"] > 0
+    # a request's own budget reaches the decode server through the router's OpenAI API (its
+    # /generate forwards SGLang's own sampling fields only)
+    before = decode.zipage_state()["compactions"]
+    r = requests.post(url + "/v1/completions", timeout=900, json={
+        "model": "m", "prompt": "Once upon a time, in a valley", "max_tokens": OUT,
+        "temperature": 0, "ignore_eos": True, "zipage_kv_budget": 0})
+    assert r.json()["usage"]["completion_tokens"] == OUT, r.text
+    assert decode.zipage_state()["compactions"] == before  # 200 tokens past 80: full KV
+    for server in (prefill, decode, single):
+        assert_healthy(server)
+
+
+def test_a_request_aborted_while_it_compresses_gives_everything_back(deployment):
+    url, prefill, decode, _ = deployment
+    rid = f"pd-abort-{time.monotonic_ns()}"
+    body = {"input_ids": list(range(700, 740)), "rid": rid,
+            "sampling_params": {"max_new_tokens": LONG, "temperature": 0, "ignore_eos": True}}
+    answer = {}
+    client = threading.Thread(target=lambda: answer.update(
+        requests.post(url + "/generate", json=body, timeout=900).json()))
+    client.start()
+    deadline = time.monotonic() + 300
+    while decode.zipage_state()["running_compressed_requests"] == 0:
+        assert time.monotonic() < deadline, "the request never compressed"
+        time.sleep(0.2)
+    requests.post(decode.url + "/abort_request", json={"rid": rid}, timeout=60).raise_for_status()
+    client.join(timeout=300)
+    assert answer["meta_info"]["finish_reason"]["type"] == "abort", answer["meta_info"]
+    assert answer["meta_info"]["completion_tokens"] < LONG
+    deadline = time.monotonic() + 120
+    while (state := decode.zipage_state())["running_compressed_requests"]:
+        assert time.monotonic() < deadline, state
+        time.sleep(0.2)
+    decode.idle_and_flushed()  # a leaked slot fails the strict checker once the server idles
+    assert loads(decode.url)["num_used_tokens"] == 0
+    for server in (prefill, decode):
+        assert_healthy(server)
