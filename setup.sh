@@ -5,6 +5,14 @@ set -euo pipefail
 cd "$(dirname "$0")"
 PY="${PYTHON:-python3}"
 [ -x .venv/bin/python ] || "$PY" -m venv .venv
+# mooncake's transfer engine (the PD tests send KV with it, over TCP) links libibverbs
+if ! ldconfig -p | grep -q "libibverbs.so.1 "; then
+  if [ "$(id -u)" = 0 ] && command -v apt-get > /dev/null; then
+    apt-get update -qq > /dev/null && apt-get install -y -qq libibverbs1 > /dev/null
+  else
+    echo "setup.sh: the PD tests need libibverbs1 (Debian/Ubuntu: sudo apt-get install libibverbs1)" >&2
+  fi
+fi
 stamp=".venv/.zipage-setup-$(cat pyproject.toml setup.sh | sha256sum | cut -c1-16)"
 if [ ! -f "$stamp" ]; then
   # uv installs the ~9 GB of sglang's dependencies (CUDA torch wheels included) in about a

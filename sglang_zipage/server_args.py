@@ -109,9 +109,6 @@ def pd_refusals(server_args) -> List[str]:
          "--disaggregation-decode-enable-offload-kvcache",
          "it stores a request's KV to host by token position, which a compressed request no "
          "longer holds"),
-        (a.disaggregation_decode_enable_radix_cache, "--disaggregation-decode-enable-radix-cache",
-         "the decode server's prefix tree under compression is not validated yet (SGLang's "
-         "fake transfer backend cannot run it, and no other backend is installed here)"),
         (a.speculative_algorithm is not None, f"--speculative-algorithm "
          f"{a.speculative_algorithm} on a decode server", "not validated yet"),
     ]

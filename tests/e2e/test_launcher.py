@@ -133,12 +133,13 @@ def test_a_model_it_cannot_compress_is_refused_by_name_before_loading():
 
 
 def test_a_pd_decode_server_names_what_it_cannot_compress_yet(clean_env):
-    """PD disaggregation: the decode server compresses (tests/e2e/test_pd_decode.py), the
-    prefill server starts as SGLang's own scheduler; the decode server's prefix tree is
-    refused by name with the reason, and the way out."""
+    """PD disaggregation: the decode server compresses (tests/e2e/test_pd_pair.py), the
+    prefill server starts as SGLang's own scheduler; the decode server's KV offload to
+    storage is refused by name with the reason, and the way out."""
     assert _refusal("--disaggregation-mode", "prefill") is None
     assert _refusal("--disaggregation-mode", "decode",
                     "--disaggregation-transfer-backend", "fake") is None
-    msg = _refusal("--disaggregation-mode", "decode", "--disaggregation-decode-enable-radix-cache")
-    assert "--disaggregation-decode-enable-radix-cache is not supported with zipage yet" in msg
+    msg = _refusal("--disaggregation-mode", "decode", "--hicache-storage-backend", "file",
+                   "--disaggregation-decode-enable-offload-kvcache")
+    assert "--disaggregation-decode-enable-offload-kvcache is not supported with zipage yet" in msg
     assert "--zipage-disable" in msg

@@ -2,10 +2,10 @@
 
 SGLang's ``fake`` transfer backend runs a decode server alone: it admits each request as if
 its prompt's KV had arrived from a prefill server (the preallocated slots keep whatever the
-pool held), then decodes it. Mooncake and NIXL are not installed here, and the fake backend
-cannot serve as the prefill side, so this covers the decode server's own work: admission
-through its preallocation queue, compression of the decode suffix, its request pool giving
-back query-window slots, and its retraction, which copies a request's KV to host and copies
+pool held), then decodes it: the same prompt KV on two fresh servers, so two servers' runs
+compare without a prefill server (the deployment with one, mooncake and the router is
+test_pd_pair.py). This covers the decode server's own work: admission through its
+preallocation queue, its request pool giving back query-window slots, and its retraction, which copies a request's KV to host and copies
 it back instead of re-prefilling (a compressed request holds its columns, not its logical
 length). The bundled model (real weights: a request's KV decides what it writes), fixed mode
 at 64 + 16, SGLang's strict memory checker on. Run: .venv/bin/python -m pytest tests/e2e/test_pd_decode.py

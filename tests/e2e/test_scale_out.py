@@ -20,8 +20,6 @@ Run: .venv/bin/python -m pytest tests/e2e/test_scale_out.py
 """
 
 import shutil
-import subprocess
-import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 
@@ -29,9 +27,9 @@ import requests
 
 from sglang_zipage.harness.engines import tiny_model_dir
 from sglang_zipage.harness.probe import zipage_states
-from sglang_zipage.harness.server import STRICT_MEM_ENV, Server, free_port
+from sglang_zipage.harness.server import STRICT_MEM_ENV, Server
 from zipage_server import (COMMON_ARGS, FIXED_MODE, POOL_TOKENS, SMALL_BUDGET, ZIPAGE_ARGS,
-                           assert_healthy, load_example)
+                           assert_healthy, load_example, router)
 
 TOKENS = 160  # twice past budget + buffer (80)
 
@@ -121,26 +119,9 @@ def test_tensor_parallel_ranks_take_the_same_compaction_decisions(tmp_path):
 
 
 def _router(workers, log_path):
-    """``python -m sglang_router.launch_router`` with cache-aware routing -> (process, url)."""
-    port = free_port()
-    log = open(log_path, "w")
-    proc = subprocess.Popen([sys.executable, "-m", "sglang_router.launch_router", "--host",
-                             "127.0.0.1", "--port", str(port), "--prometheus-port",
-                             str(free_port()), "--policy", "cache_aware",
-                             "--worker-urls", *[w.url for w in workers]],
-                            stdout=log, stderr=subprocess.STDOUT)
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline and proc.poll() is None:
-        try:  # ready once every worker is registered and healthy
-            listed = requests.get(url + "/workers", timeout=5).json()["workers"]
-            if sum(w["is_healthy"] for w in listed) == len(workers):
-                return proc, url
-        except requests.RequestException:
-            pass
-        time.sleep(1)
-    proc.kill()
-    raise RuntimeError("router not ready:\n" + open(log_path).read()[-3000:])
+    """sglang-router with cache-aware routing over ``workers`` -> (process, url)."""
+    return router(["--policy", "cache_aware", "--worker-urls", *[w.url for w in workers]],
+                  len(workers), log_path)
 
 
 def test_router_keeps_each_conversation_on_the_replica_holding_its_prompt(zipage_server, tmp_path):

@@ -15,6 +15,8 @@ from __future__ import annotations
 import functools
 import json
 import os
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -110,6 +112,30 @@ def assert_healthy(server):
     assert requests.get(server.url + "/health", timeout=30).status_code == 200
     log = server.log()
     assert "Traceback" not in log, log[log.index("Traceback"):][:3000]
+
+
+def router(args, workers: int, log_path):
+    """``python -m sglang_router.launch_router`` with ``args`` -> (process, url), once its
+    ``workers`` are registered and healthy."""
+    from sglang_zipage.harness.server import free_port
+
+    port = free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "sglang_router.launch_router", "--host",
+                             "127.0.0.1", "--port", str(port), "--prometheus-port",
+                             str(free_port()), *args],
+                            stdout=open(log_path, "w"), stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and proc.poll() is None:
+        try:
+            listed = requests.get(url + "/workers", timeout=5).json()["workers"]
+            if sum(w["is_healthy"] for w in listed) == workers:
+                return proc, url
+        except requests.RequestException:
+            pass
+        time.sleep(1)
+    proc.kill()
+    raise RuntimeError("router not ready:\n" + open(log_path).read()[-3000:])
 
 
 def load_example(name: str):
