@@ -156,12 +156,16 @@ def written_model(row) -> str:
     speculative row needs it: SGLang applies --json-model-override-args to the draft's config
     as well (it would give an EAGLE draft the target's layer count), while a draft that is the
     target (NEXTN's MTP layer, STANDALONE) must read the target's changed config."""
-    import tempfile
-
     folder = FAMILIES[row["family"]][0]
     cfg = {**model_config(os.path.join(MODELS, folder)), **model_override(row)}
-    out = os.path.join(tempfile.gettempdir(), "zipage-coverage-models",
-                       f"{folder}-L{cfg['num_hidden_layers']}")
+    return write_config(cfg, f"{folder}-L{cfg['num_hidden_layers']}")
+
+
+def write_config(cfg, name: str) -> str:
+    """A folder of the temp dir's zipage-coverage-models holding ``cfg`` as its config.json."""
+    import tempfile
+
+    out = os.path.join(tempfile.gettempdir(), "zipage-coverage-models", name)
     os.makedirs(out, exist_ok=True)
     tmp = os.path.join(out, f"config.json.{os.getpid()}")
     with open(tmp, "w") as f:
@@ -170,15 +174,31 @@ def written_model(row) -> str:
     return out
 
 
+def eagle3_draft(row) -> str:
+    """The row's EAGLE3 draft folder with the target layers it reads named for the row's
+    target. SGLang's default, layers (2, L // 2, L - 3), repeats a layer when L is the
+    coverage rows' 4, and the draft's first layer then gets two hidden states where it takes
+    three (seen on an H100: "mat1 and mat2 shapes cannot be multiplied (800x8192 and
+    12288x4096)"); three distinct layers spread over the target, as a real draft's are."""
+    layers = model_override(row)["num_hidden_layers"]
+    cfg = model_config(os.path.join(MODELS, row["draft"]))
+    cfg["eagle_config"] = {**cfg.get("eagle_config", {}), "eagle_aux_hidden_state_layer_ids":
+                           sorted({0, layers // 2 - 1, layers - 2})}
+    return write_config(cfg, f"{row['draft']}-for-L{layers}")
+
+
 def spec_kwargs(row, target: str):
     """SGLang's speculative decoding flags of a row (see SPEC_MATRIX)."""
     kw = {"speculative_algorithm": row["speculative"],
           "speculative_num_draft_tokens": SPEC_DRAFT_TOKENS}
     if row["speculative"] != "NGRAM":
         kw.update(speculative_num_steps=SPEC_STEPS, speculative_eagle_topk=1)
-    if row.get("draft"):
-        kw["speculative_draft_model_path"] = (target if row["draft"] == "target"
-                                              else os.path.join(MODELS, row["draft"]))
+    if row.get("draft") == "target":
+        kw["speculative_draft_model_path"] = target
+    elif row["speculative"] == "EAGLE3":
+        kw["speculative_draft_model_path"] = eagle3_draft(row)
+    elif row.get("draft"):
+        kw["speculative_draft_model_path"] = os.path.join(MODELS, row["draft"])
     return kw
 
 
@@ -396,8 +416,13 @@ def judge(row, stock, zipage):
           and mem["share_of_stock_pool"] is not None and mem["share_of_stock_pool"] <= DEFAULT_SHARE)
     if "accept" in zipage:  # speculative rows: accept length reported, never judged
         ev["accept_length"] = acc = accept_summary(zipage["accept"])
-        greedy_ok, _ = compressed_ok(zipage["accept"]["compressed"], LONG_OUT, budget, buffer, step)
+        # (greedy dummy-weight text repeats itself: the loop guard raises some of these
+        # requests' budgets, and so their limit; seen on an H100: 32 triggers, a suffix of 640
+        # past the unraised limit 323)
+        greedy_ok, greedy_limit = compressed_ok(zipage["accept"]["compressed"], LONG_OUT,
+                                                budget, buffer, step)
         ok = ok and greedy_ok and acc["full_requests_compacted"] == 0
+        limit = max(limit, greedy_limit)
     large = zipage.get("large_budget")
     if large:  # the per-request budget's batch: its own limit, its own compactions
         large_ok, large_limit = compressed_ok(large["requests"], large["output"],

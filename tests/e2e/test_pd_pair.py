@@ -9,8 +9,10 @@ compressed answer never enters the tree, as on a single server. Every output is 
 a single zipage server of the same flags given the same requests one at a time (the same
 batch composition: one request decoding alone), so a wrong or missing KV transfer, or a
 prefix tree holding other KV than the prompt's, shows as other tokens. The bundled model,
-the calibrated scorer (no per-request query state), fixed mode 64 + 16, SGLang's strict
-memory checker on every server. Run: .venv/bin/python -m pytest tests/e2e/test_pd_pair.py
+the window scorer (its query window, in slots tied to the decode server's own request pool,
+starts with the first decode step on both sides), fixed mode 64 + 16, a 1024-token pool,
+SGLang's strict memory checker on every server.
+Run: .venv/bin/python -m pytest tests/e2e/test_pd_pair.py
 """
 
 import threading
@@ -24,15 +26,15 @@ from sglang_zipage.harness.probe import loads
 from sglang_zipage.harness.server import STRICT_MEM_ENV, Server, free_port
 from zipage_server import FIXED_MODE, SMALL_BUDGET, assert_healthy, router
 
-OUT = 200
+OUT = 140
 # A decode server admits a request once prompt + min(max_new_tokens, 4096) fits its pool
-# beside 512 reserved tokens (SGLang's logical estimate, not yet zipage's): so a long one here
-# is shorter than the 2048-token pool.
-LONG = 1200
+# beside 512 reserved tokens for each request it holds (SGLang's logical estimate, not yet
+# zipage's): so the long one here stays below 1024 - 512 with its prompt.
+LONG = 400
 ENV = {**STRICT_MEM_ENV, "MC_FORCE_TCP": "1"}  # mooncake over TCP: no RDMA device here
 MOONCAKE = ["--disaggregation-transfer-backend", "mooncake"]
-POOL = ["--max-total-tokens", "2048"]
-COMPRESS = [*POOL, "--zipage-scorer", "calibrated", *SMALL_BUDGET, *FIXED_MODE]
+POOL = ["--max-total-tokens", "1024"]
+COMPRESS = [*POOL, "--zipage-scorer", "window", *SMALL_BUDGET, *FIXED_MODE]
 
 
 @pytest.fixture(scope="module")
@@ -95,8 +97,15 @@ def test_through_the_router_a_conversation_compresses_on_the_decode_server_and_i
         assert_healthy(server)
 
 
-def test_a_request_aborted_while_it_compresses_gives_everything_back(deployment):
+def test_a_second_request_runs_beside_a_compressing_one_which_aborted_gives_everything_back(deployment):
+    """The decode server keeps 512 tokens free for each request it holds: in its 1024-token
+    pool a second request would wait until the first ends. A compressing request grows at most
+    to its limit (prompt + 80) before a compaction frees room, so it is booked at that and the
+    second one is admitted while the first runs. The first, aborted while it compresses, gives
+    back its slots and its query-window slot (the decode server's request pool is SGLang's
+    DecodeReqToTokenPool, not the one a single server frees through)."""
     url, prefill, decode, _ = deployment
+    limit = decode.zipage_state()["budget_limit_tokens"]
     rid = f"pd-abort-{time.monotonic_ns()}"
     body = {"input_ids": list(range(700, 740)), "rid": rid,
             "sampling_params": {"max_new_tokens": LONG, "temperature": 0, "ignore_eos": True}}
@@ -108,6 +117,10 @@ def test_a_request_aborted_while_it_compresses_gives_everything_back(deployment)
     while decode.zipage_state()["running_compressed_requests"] == 0:
         assert time.monotonic() < deadline, "the request never compressed"
         time.sleep(0.2)
+    second = _generate(url, list(range(800, 830)))
+    assert decode.zipage_state()["most_running_requests"] == 2
+    meta = second["meta_info"]
+    assert meta["zipage_compactions"] > 0 and meta["zipage_kv_len"] <= 30 + limit, meta
     requests.post(decode.url + "/abort_request", json={"rid": rid}, timeout=60).raise_for_status()
     client.join(timeout=300)
     assert answer["meta_info"]["finish_reason"]["type"] == "abort", answer["meta_info"]
@@ -118,5 +131,7 @@ def test_a_request_aborted_while_it_compresses_gives_everything_back(deployment)
         time.sleep(0.2)
     decode.idle_and_flushed()  # a leaked slot fails the strict checker once the server idles
     assert loads(decode.url)["num_used_tokens"] == 0
+    state = decode.zipage_state()
+    assert state["window_slots"] > 0 and state["free_window_slots"] == state["window_slots"]
     for server in (prefill, decode):
         assert_healthy(server)
