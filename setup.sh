@@ -8,6 +8,7 @@ PY="${PYTHON:-python3}"
 # mooncake's transfer engine (the PD tests send KV with it, over TCP) links libibverbs
 if ! ldconfig -p | grep -q "libibverbs.so.1 "; then
   if [ "$(id -u)" = 0 ] && command -v apt-get > /dev/null; then
+    export DEBIAN_FRONTEND=noninteractive
     apt-get update -qq > /dev/null && apt-get install -y -qq libibverbs1 > /dev/null
   else
     echo "setup.sh: the PD tests need libibverbs1 (Debian/Ubuntu: sudo apt-get install libibverbs1)" >&2
