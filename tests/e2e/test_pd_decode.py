@@ -4,12 +4,15 @@ SGLang's ``fake`` transfer backend runs a decode server alone: it admits each re
 its prompt's KV had arrived from a prefill server (the preallocated slots keep whatever the
 pool held), then decodes it: the same prompt KV on two fresh servers, so two servers' runs
 compare without a prefill server (the deployment with one, mooncake and the router is
-test_pd_pair.py). This covers the decode server's retraction, which copies a request's KV
-to host and copies it back instead of re-prefilling (a compressed request holds its columns,
-not its logical length). The bundled model (real weights: a request's KV decides what it
-writes), fixed mode at 64 + 16, SGLang's strict memory checker on.
-Run: .venv/bin/python -m pytest tests/e2e/test_pd_decode.py
+test_pd_pair.py). This covers the decode server's own work: admission through its
+preallocation queue, its request pool giving back query-window slots, and its retraction, which copies a request's KV to host and copies
+it back instead of re-prefilling (a compressed request holds its columns, not its logical
+length). The bundled model (real weights: a request's KV decides what it writes), fixed mode
+at 64 + 16, SGLang's strict memory checker on. Run: .venv/bin/python -m pytest tests/e2e/test_pd_decode.py
 """
+
+import time
+from concurrent.futures import ThreadPoolExecutor
 
 from sglang_zipage.harness.server import STRICT_MEM_ENV, Server
 from zipage_server import FIXED_MODE, SMALL_BUDGET, assert_healthy
@@ -80,3 +83,36 @@ def test_retraction_on_a_decode_server_loses_nothing(tmp_path):
     facts = _compressed_within(outs, limit, LENGTHS)
     assert [bool(f["num_retractions"]) for f in facts] == [False, True], facts
     assert outs[1]["output_ids"] == base[1]["output_ids"], facts
+
+
+def test_a_decode_server_compresses_admits_beside_them_and_gives_back_window_slots(tmp_path):
+    """SGLang's decode server keeps 512 tokens free for each request it holds: in a
+    1024-token pool a second request would wait until the first ends. A compressing request
+    grows at most to its limit (prompt + 80 here) before a compaction frees room, so it is
+    booked at that: the second request is admitted while the first runs. Both compress
+    within prompt + budget + buffer, and the window scorer's slots, tied to rows of the
+    decode server's own request pool (DecodeReqToTokenPool), are all free once they end."""
+    server = _decode_server(tmp_path / "admit.log", "window", pool="1024")
+    try:
+        limit = server.zipage_state()["budget_limit_tokens"]
+
+        def one(i, n):
+            return server.generate_ids([list(range(300 + 20 * i, 317 + 20 * i))],
+                                       [{"max_new_tokens": n, "temperature": 0,
+                                         "ignore_eos": True}],
+                                       bootstrap_host=["2.2.2.2"], bootstrap_room=[7 + i])[0]
+        with ThreadPoolExecutor(2) as ex:
+            first = ex.submit(one, 0, 3 * OUT // 2)
+            deadline = time.monotonic() + 600
+            while server.zipage_state()["compactions"] == 0:  # the first one compresses
+                assert time.monotonic() < deadline, "the first request never compacted"
+                time.sleep(0.2)
+            second = ex.submit(one, 1, OUT)
+            outs = [first.result(), second.result()]
+        state = server.zipage_state()
+        assert state["most_running_requests"] == 2, state
+        _compressed_within(outs, limit, [3 * OUT // 2, OUT])
+        assert state["free_window_slots"] == state["window_slots"], state
+        assert_healthy(server)
+    finally:
+        server.stop(grace=5)
