@@ -140,6 +140,15 @@ def _pd_decode_hook_table():
         ("disaggregation.decode.DecodePreallocQueue._active_reserved_tokens", T.AROUND,
          sh.decode_reserve, "admission books the running compressing requests at their "
          "growth's peak, not 512 tokens each (L1341)"),
+        ("disaggregation.decode.DecodePreallocQueue.pop_preallocated", T.AROUND,
+         sh.decode_admission_pass, "a newcomer's output estimate is what it adds to the "
+         "running requests' peak, not min(max_new_tokens, 4096) (L1059)"),
+        ("disaggregation.decode.DecodePreallocQueue._rebootstrap_prefill_len", T.AROUND,
+         sh.decode_newcomer_charge, "the pass asks it first of each newcomer (L1011)"),
+        ("disaggregation.decode.DecodePreallocQueue._need_space_for_single_req", T.AROUND,
+         sh.decode_running_estimate, "the running requests keep SGLang's estimate (L1321)"),
+        ("disaggregation.decode.DecodePreallocQueue._swa_aware_allocatable_token_budgets",
+         T.AROUND, sh.decode_running_estimate, "and with sliding-window layers (L1444)"),
     ]
 
 

@@ -281,6 +281,55 @@ def decode_reserve(original, queue, *args, **kwargs):
                                                     queue.num_reserved_decode_tokens)
 
 
+# A PD decode server's admission pass (pop_preallocated), while it runs: (the running
+# requests' growth, SGLang's own output estimate). Written by decode_admission_pass only.
+_DECODE_PASS = None
+
+
+def decode_admission_pass(original, queue, *args, **kwargs):
+    """SGLang's decode server admits a transferred request once its prompt (less the tree's
+    match) + min(max_new_tokens, disaggregation.decode.CLIP_MAX_NEW_TOKEN) fits, the module's
+    value read while it considers that request (L1059). For the pass, the running compressing
+    requests' growth is booked once; each newcomer is charged what it adds to that peak
+    (decode_newcomer_charge), as on a single server (admit_by_peak)."""
+    global _DECODE_PASS
+    if not RUNTIME.ready or not queue.queue:
+        return original(queue, *args, **kwargs)
+    from sglang.srt.disaggregation import decode
+
+    stock = decode.CLIP_MAX_NEW_TOKEN
+    _DECODE_PASS = (RUNTIME.admission.growths(queue.scheduler.running_batch.reqs), stock)
+    try:
+        return original(queue, *args, **kwargs)
+    finally:
+        _DECODE_PASS = None
+        decode.CLIP_MAX_NEW_TOKEN = stock
+
+
+def decode_newcomer_charge(original, req):
+    """The first thing the pass asks of each newcomer: from here until the next one, SGLang's
+    output estimate is this request's charge (SGLang's own for one that does not compress)."""
+    n = original(req)
+    if _DECODE_PASS is not None:
+        from sglang.srt.disaggregation import decode
+
+        decode.CLIP_MAX_NEW_TOKEN = RUNTIME.new_request_charge(_DECODE_PASS[0], req)
+    return n
+
+
+def decode_running_estimate(original, queue, *args, **kwargs):
+    """What the running requests may still need stays SGLang's estimate within the pass."""
+    if _DECODE_PASS is None:
+        return original(queue, *args, **kwargs)
+    from sglang.srt.disaggregation import decode
+
+    charge, decode.CLIP_MAX_NEW_TOKEN = decode.CLIP_MAX_NEW_TOKEN, _DECODE_PASS[1]
+    try:
+        return original(queue, *args, **kwargs)
+    finally:
+        decode.CLIP_MAX_NEW_TOKEN = charge
+
+
 def physical_swa_eviction(original, batch, req, pre_len):
     # SGLang passes the logical length (req.seqlen - 1); the columns are physical.
     return original(batch, req, RUNTIME.physical_len(req, pre_len) if RUNTIME.ready else pre_len)

@@ -65,6 +65,11 @@ def set_process_env(device: str, page_size: int = 1) -> None:
     if device == "cpu":
         # Two OpenMP threads thrash on a 2-core machine as soon as anything else runs.
         os.environ.setdefault("OMP_NUM_THREADS", "1")
+        # A PD prefill server sends a prompt's cached prefix early, after recording a CUDA
+        # event on the overlap scheduler's stream: on the CPU that raises ("expected stream to
+        # be a torch.Stream"), whenever a prompt's chunk or its tree's match precedes the rest.
+        # Without the early send the whole prompt's KV goes at its last chunk.
+        os.environ.setdefault("SGLANG_DISAGG_PREFILL_EARLY_SEND_CACHED_PREFIX", "0")
         if (page_size or 1) > 1:
             # SGLang's paged allocator is a Triton kernel: without a GPU it only runs in
             # Triton's interpreter (else the first prefill dies with "0 active drivers").

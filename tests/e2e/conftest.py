@@ -8,20 +8,11 @@ and tokenizes a batch of texts as one batch, so a batch request (the frontend's 
 for one) reaches the scheduler as one message: the same batch composition on every run.
 """
 
-import os
-
 import pytest
 
 from sglang_zipage.harness.server import STRICT_MEM_ENV, Server
 from zipage_server import (COMMON_ARGS, REFERENCE_PROMPTS, REFERENCE_TOKENS, ZIPAGE_ARGS,
                            chat_prompt, force, token_ids)
-
-# test_pd_pair.py holds a prefill server, a decode server, a single server and sglang-router
-# at once (about 7.5 GB). Beside the suite's other servers on two workers it failed (2026-12-07:
-# its first request answered 503 after ten minutes while a server of the other worker found
-# 0.4 GB of host memory left), so it runs on its own for now:
-#   ZIPAGE_PD_PAIR=1 .venv/bin/python -m pytest tests/e2e/test_pd_pair.py
-collect_ignore = [] if os.environ.get("ZIPAGE_PD_PAIR") else ["test_pd_pair.py"]
 
 
 def _server(tmp_path_factory, name, args):

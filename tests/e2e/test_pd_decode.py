@@ -14,6 +14,9 @@ at 64 + 16, SGLang's strict memory checker on. Run: .venv/bin/python -m pytest t
 import time
 from concurrent.futures import ThreadPoolExecutor
 
+import requests
+
+from sglang_zipage.harness.probe import loads
 from sglang_zipage.harness.server import STRICT_MEM_ENV, Server
 from zipage_server import FIXED_MODE, SMALL_BUDGET, assert_healthy
 
@@ -85,34 +88,46 @@ def test_retraction_on_a_decode_server_loses_nothing(tmp_path):
     assert outs[1]["output_ids"] == base[1]["output_ids"], facts
 
 
-def test_a_decode_server_compresses_admits_beside_them_and_gives_back_window_slots(tmp_path):
-    """SGLang's decode server keeps 512 tokens free for each request it holds: in a
-    1024-token pool a second request would wait until the first ends. A compressing request
-    grows at most to its limit (prompt + 80 here) before a compaction frees room, so it is
-    booked at that: the second request is admitted while the first runs. Both compress
-    within prompt + budget + buffer, and the window scorer's slots, tied to rows of the
-    decode server's own request pool (DecodeReqToTokenPool), are all free once they end."""
+def test_a_decode_server_admits_longer_than_its_pool_and_beside_a_compressing_one(tmp_path):
+    """SGLang's decode server admits a request once its prompt + min(max_new_tokens, 4096)
+    fits the pool beside 512 tokens kept free for each request it holds: in a 1024-token
+    pool a request of 1100 output tokens would never start, and a second one would wait until
+    the first ends. A compressing request grows at most to its limit (prompt + 80 here)
+    before a compaction frees room, so a newcomer is charged that and a running one booked at
+    it: both run at once. The second compresses within prompt + budget + buffer; the first,
+    aborted, gives back its slots and the window scorer's slot, tied to a row of the decode
+    server's own request pool (DecodeReqToTokenPool)."""
     server = _decode_server(tmp_path / "admit.log", "window", pool="1024")
     try:
         limit = server.zipage_state()["budget_limit_tokens"]
 
-        def one(i, n):
+        def one(i, n, **body):
             return server.generate_ids([list(range(300 + 20 * i, 317 + 20 * i))],
                                        [{"max_new_tokens": n, "temperature": 0,
                                          "ignore_eos": True}],
-                                       bootstrap_host=["2.2.2.2"], bootstrap_room=[7 + i])[0]
-        with ThreadPoolExecutor(2) as ex:
-            first = ex.submit(one, 0, 3 * OUT // 2)
-            deadline = time.monotonic() + 600
-            while server.zipage_state()["compactions"] == 0:  # the first one compresses
-                assert time.monotonic() < deadline, "the first request never compacted"
-                time.sleep(0.2)
-            second = ex.submit(one, 1, OUT)
-            outs = [first.result(), second.result()]
+                                       bootstrap_host=["2.2.2.2"], bootstrap_room=[7 + i],
+                                       **body)[0]
+        rid = f"long-{time.monotonic_ns()}"
+        ex = ThreadPoolExecutor(1)  # (not waited for on failure: the server's stop ends it)
+        first = ex.submit(one, 0, 1100, rid=[rid])
+        deadline = time.monotonic() + 240
+        while server.zipage_state()["compactions"] == 0:  # the first one compresses
+            assert time.monotonic() < deadline, "the first request never started"
+            time.sleep(0.2)
+        second = one(1, OUT)
+        requests.post(server.url + "/abort_request", json={"rid": rid},
+                      timeout=60).raise_for_status()
+        first = first.result(timeout=300)
+        ex.shutdown()
         state = server.zipage_state()
         assert state["most_running_requests"] == 2, state
-        _compressed_within(outs, limit, [3 * OUT // 2, OUT])
-        assert state["free_window_slots"] == state["window_slots"], state
+        _compressed_within([second], limit, [OUT])
+        assert first["meta_info"]["finish_reason"]["type"] == "abort", first["meta_info"]
+        assert 0 < first["meta_info"]["completion_tokens"] < 1100
+        server.idle_and_flushed()  # a leaked slot fails the strict checker once the server idles
+        assert loads(server.url)["num_used_tokens"] == 0
+        state = server.zipage_state()
+        assert state["window_slots"] > 0 and state["free_window_slots"] == state["window_slots"]
         assert_healthy(server)
     finally:
         server.stop(grace=5)
