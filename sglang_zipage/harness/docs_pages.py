@@ -37,6 +37,7 @@ BLOCKS: Dict[str, Callable[[str, str], str]] = {
     "results-fidelity": ev.fidelity_table,
     "results-calibrated": ev.calibrated_table,
     "results-speculative": ev.speculative_table,
+    "results-speculative-coverage": ev.speculative_coverage_table,
     "results-kernels": ev.kernels_table,
     "results-coverage": ev.coverage_table,
     "results-composability": ev.composability_table,
