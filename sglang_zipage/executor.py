@@ -69,6 +69,7 @@ class Executor:
         self.device = device
         self.calibrated = calibrated  # query_stats.DeviceQueries, or None (the window scores)
         self.followers = ()  # LayerKV of pools at the same slots (a draft's: ``follow``)
+        self.landed = None  # a CUDA event after the last flushed moves (await_landed)
 
     def follow(self, kv) -> None:
         """Compact ``kv`` (a pool at the same slots: a speculative draft's) with every plan."""
@@ -90,7 +91,20 @@ class Executor:
             self.stats.span_end(span, stream, t0)
         self.shadows.launch_all(self.run, self.queries, self.stats, stream)
         self.shadows.wait_committed(stream)
+        if stream is not None:
+            self.landed = torch.cuda.Event()
+            self.landed.record(stream)
         self.stats.launch_time(time.perf_counter() - t0)
+
+    def await_landed(self) -> None:
+        """Block until the moves flushed so far have run. The planner frees a compaction's
+        surplus slots when it plans it, and the moves that read them run in stream order
+        before the next forward: a writer outside that order (a PD decode server's KV
+        transfer into slots it preallocates) must wait for them. (On the CPU they ran in
+        flush.)"""
+        if self.landed is not None:
+            self.landed.synchronize()
+            self.landed = None
 
     def queries(self, plan) -> Optional[Queries]:
         """The plan's window rows (a copy), or the calibrated queries at its requests' next

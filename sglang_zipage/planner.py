@@ -166,21 +166,25 @@ class Planner:
         set_lengths(batch, self._plan(batch, items, [c.row for c in choices], pressure=True))
         return freed
 
-    def admit(self, waiting, running_batch, max_running: int, ratio: float) -> None:
+    def admit(self, waiting, running_batch, max_running: int, ratio: float,
+              reserve: int = 0) -> int:
         """Before SGLang's admission (elastic mode): if the first waiting request does not
         fit beside what the running requests are booked for (admission.py), they give the
-        difference back (not when the running-request cap, not memory, keeps it waiting)."""
+        difference back (not when the running-request cap, not memory, keeps it waiting).
+        ``reserve``: what SGLang keeps free for the newcomer besides (a PD decode server's
+        reserved decode tokens). Returns the slots freed."""
         capped = running_batch is not None and len(running_batch.reqs) >= max_running
         self.waiting = 0 if capped else len(waiting)
         if not waiting or running_batch is None or not running_batch.reqs or capped:
-            return
+            return 0
         adm = self.admission
         growths = adm.growths(running_batch.reqs)
-        short = (adm.need(waiting[0], growths, self.page_size)
+        short = (adm.need(waiting[0], growths, self.page_size) + reserve
                  + adm.reserved(running_batch.reqs, growths, ratio) - self.free(running_batch))
-        if short > 0:
-            self.pressure.ran_short()
-            self.make_room(running_batch, int(short), self.headroom, early=False)
+        if short <= 0:
+            return 0
+        self.pressure.ran_short()
+        return self.make_room(running_batch, int(short), self.headroom, early=False)
 
     # ------------------------------------------------------------ planning
     def item(self, req, st, suffix: int, kept: int, windowless: bool = False,

@@ -270,6 +270,10 @@ class ZipageRuntime:
             torch.cuda.synchronize()
         self.flush()
 
+    def await_moves(self) -> None:
+        """Before a PD decode server hands free slots to its KV transfers (executor)."""
+        self.executor.await_landed()
+
     def physical_len(self, req, logical: int) -> int:
         return request_state.physical_len(req, logical)
 
@@ -289,8 +293,9 @@ class ZipageRuntime:
         """Plan compactions (planner.py); runs before SGLang's decode memory check."""
         self.planner.step(batch)
 
-    def admit_pressure(self, waiting, running, max_running: int, ratio: float) -> None:
-        self.planner.admit(waiting, running, max_running, ratio)
+    def admit_pressure(self, waiting, running, max_running: int, ratio: float,
+                       reserve: int = 0) -> int:
+        return self.planner.admit(waiting, running, max_running, ratio, reserve)
 
     def flush(self) -> None:
         """Before a forward, on its stream (executor.py)."""

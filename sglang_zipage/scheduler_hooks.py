@@ -291,14 +291,29 @@ def decode_admission_pass(original, queue, *args, **kwargs):
     match) + min(max_new_tokens, disaggregation.decode.CLIP_MAX_NEW_TOKEN) fits, the module's
     value read while it considers that request (L1059). For the pass, the running compressing
     requests' growth is booked once; each newcomer is charged what it adds to that peak
-    (decode_newcomer_charge), as on a single server (admit_by_peak)."""
+    (decode_newcomer_charge), as on a single server (admit_by_peak); in elastic mode the
+    running requests first make room for the first one waiting, as before a single server's
+    admission (room_for_waiting, which a decode server never runs). The slots it hands out
+    are written by the KV transfer, outside the forward stream's order: compaction moves
+    that read freed slots have run first."""
     global _DECODE_PASS
-    if not RUNTIME.ready or not queue.queue:
+    if not RUNTIME.ready:
+        return original(queue, *args, **kwargs)
+    scheduler = queue.scheduler
+    if RUNTIME.budget.elastic:  # (with none waiting too: pressure ends once nothing waits)
+        waiting = [d.req for d in queue.queue if d.waiting_for_input]
+        if RUNTIME.admit_pressure(waiting, scheduler.running_batch,
+                                  scheduler.max_running_requests,
+                                  scheduler.new_token_ratio_tracker.current,
+                                  queue.num_reserved_decode_tokens):
+            RUNTIME.settle()  # its moves now: the slots they free are handed out next
+    if not queue.queue:
         return original(queue, *args, **kwargs)
     from sglang.srt.disaggregation import decode
 
+    RUNTIME.await_moves()  # the slots it preallocates are written by the transfer engine
     stock = decode.CLIP_MAX_NEW_TOKEN
-    _DECODE_PASS = (RUNTIME.admission.growths(queue.scheduler.running_batch.reqs), stock)
+    _DECODE_PASS = (RUNTIME.admission.growths(scheduler.running_batch.reqs), stock)
     try:
         return original(queue, *args, **kwargs)
     finally:

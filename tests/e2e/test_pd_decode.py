@@ -131,3 +131,43 @@ def test_a_decode_server_admits_longer_than_its_pool_and_beside_a_compressing_on
         assert_healthy(server)
     finally:
         server.stop(grace=5)
+
+
+def test_in_elastic_mode_running_requests_make_room_for_a_transferred_one(tmp_path):
+    """Elastic mode (the default): a request keeps its full KV while the pool has room. A
+    decode server admits a transferred request in its own queue, not through the admission a
+    single server makes room before, so there the running requests make room for the first
+    request waiting in that queue. Here the first request (17 + 700 tokens) never runs the
+    1024-token pool short by itself, so it compresses only if the second, sent once the first
+    holds 450 tokens and needing them plus SGLang's 512 reserved tokens, makes it: then both
+    run at once."""
+    server = Server(["--max-total-tokens", "1024", *DECODE, "--zipage-kv-budget", "64",
+                     "--zipage-buffer", "16"], tmp_path / "elastic.log", env=STRICT_MEM_ENV)
+    try:
+        assert server.zipage_state()["config"]["mode"] == "elastic"
+        ex = ThreadPoolExecutor(1)  # (not waited for on failure: the server's stop ends it)
+        first = ex.submit(lambda: _run_one(server, 0, 700))
+        deadline = time.monotonic() + 240
+        while loads(server.url)["num_used_tokens"] < 450:
+            assert time.monotonic() < deadline and not first.done(), "the first never grew"
+            time.sleep(0.2)
+        assert server.zipage_state()["compactions"] == 0  # full KV while there was room
+        second = _run_one(server, 1, 100)
+        first = first.result(timeout=300)
+        ex.shutdown()
+        state = server.zipage_state()
+        assert state["most_running_requests"] == 2, state
+        assert first["meta_info"]["zipage_compactions"] > 0, first["meta_info"]
+        assert [first["meta_info"]["completion_tokens"],
+                second["meta_info"]["completion_tokens"]] == [700, 100]
+        server.idle_and_flushed()
+        assert loads(server.url)["num_used_tokens"] == 0
+        assert_healthy(server)
+    finally:
+        server.stop(grace=5)
+
+
+def _run_one(server, i, n):
+    return server.generate_ids([list(range(300 + 20 * i, 317 + 20 * i))],
+                               [{"max_new_tokens": n, "temperature": 0, "ignore_eos": True}],
+                               bootstrap_host=["2.2.2.2"], bootstrap_room=[7 + i])[0]
