@@ -100,21 +100,14 @@ def test_a_decode_server_admits_longer_than_its_pool_and_beside_a_compressing_on
     server = _decode_server(tmp_path / "admit.log", "window", pool="1024")
     try:
         limit = server.zipage_state()["budget_limit_tokens"]
-
-        def one(i, n, **body):
-            return server.generate_ids([list(range(300 + 20 * i, 317 + 20 * i))],
-                                       [{"max_new_tokens": n, "temperature": 0,
-                                         "ignore_eos": True}],
-                                       bootstrap_host=["2.2.2.2"], bootstrap_room=[7 + i],
-                                       **body)[0]
         rid = f"long-{time.monotonic_ns()}"
         ex = ThreadPoolExecutor(1)  # (not waited for on failure: the server's stop ends it)
-        first = ex.submit(one, 0, 1100, rid=[rid])
+        first = ex.submit(_run_one, server, 0, 1100, rid=[rid])
         deadline = time.monotonic() + 240
         while server.zipage_state()["compactions"] == 0:  # the first one compresses
             assert time.monotonic() < deadline, "the first request never started"
             time.sleep(0.2)
-        second = one(1, OUT)
+        second = _run_one(server, 1, OUT)
         requests.post(server.url + "/abort_request", json={"rid": rid},
                       timeout=60).raise_for_status()
         first = first.result(timeout=300)
@@ -167,7 +160,8 @@ def test_in_elastic_mode_running_requests_make_room_for_a_transferred_one(tmp_pa
         server.stop(grace=5)
 
 
-def _run_one(server, i, n):
+def _run_one(server, i, n, **body):
+    """Request ``i`` of ``n`` output tokens alone, with the fake prefill server's address."""
     return server.generate_ids([list(range(300 + 20 * i, 317 + 20 * i))],
                                [{"max_new_tokens": n, "temperature": 0, "ignore_eos": True}],
-                               bootstrap_host=["2.2.2.2"], bootstrap_room=[7 + i])[0]
+                               bootstrap_host=["2.2.2.2"], bootstrap_room=[7 + i], **body)[0]
