@@ -106,8 +106,12 @@ def capture(engine_kwargs: Dict, parts: List[List[int]], wait_s: float = 120.0) 
     os.environ[query_capture.ENV] = f"{prefix}|{sum(len(p) for p in parts)}"
     engine = None
     try:
+        # the capture scores nothing with statistics: a file already at the model's path (of
+        # other dimensions, say after --json-model-override-args) must not refuse the run
+        # that remakes it
         engine = Engine(**{**engine_kwargs, "disable_radix_cache": True,
-                           "skip_tokenizer_init": True, "disable_cuda_graph": True})
+                           "skip_tokenizer_init": True, "disable_cuda_graph": True,
+                           "zipage_scorer": "window", "zipage_query_stats": ""})
         engine.generate(input_ids=parts, sampling_params={"max_new_tokens": 1,
                                                           "temperature": 0})
         files = [query_capture.rank_file(prefix, r) for r in range(engine_kwargs.get("tp_size", 1))]

@@ -6,13 +6,15 @@ bundled model they equal the HF reference's pre-RoPE queries over the same chunk
 started with ``--zipage-scorer calibrated --zipage-query-stats`` that file compresses with its
 KV bounded, holds no query window (0 slots, 0 window bytes, the statistics counted in its
 memory instead) and never compacts without a window; so does a sliding-window hybrid with FP8
-KV (tiny Gemma 3, dummy weights, calibrated on random ids: its two global layers only).
+KV (tiny Gemma 3, dummy weights, calibrated on random ids: its two global layers only), its
+statistics written to and found at the model's folder over another model's left there.
 Started with a statistics file that is not there, it is refused before anything starts,
 naming the command that makes one.
 Run: .venv/bin/python -m pytest tests/e2e/test_calibrated_scorer.py
 """
 
 import os
+import shutil
 import subprocess
 import sys
 
@@ -111,13 +113,21 @@ def test_a_missing_statistics_file_is_refused_with_the_command(tmp_path):
 
 
 def test_a_sliding_window_hybrid_with_fp8_kv_compresses_with_its_statistics(tmp_path):
-    model = ["--model-path", str(REPO / "tests/e2e/models/tiny-gemma3"), "--load-format",
-             "dummy", "--random-seed", "0", "--kv-cache-dtype", "fp8_e4m3"]
-    out = calibrate(tmp_path / "gemma3.safetensors", *model)
+    """Calibrated into the model's folder, over statistics of another model left there (they
+    must not refuse the run that remakes them), and found there by the default scorer."""
+    folder = tmp_path / "tiny-gemma3"
+    shutil.copytree(REPO / "tests/e2e/models/tiny-gemma3", folder)
+    out = folder / "zipage_query_stats.safetensors"
+    shutil.copy(REPO / "sglang_zipage/query_stats_smollm2_135m.safetensors", out)
+    model = ["--model-path", str(folder), "--load-format", "dummy", "--random-seed", "0",
+             "--kv-cache-dtype", "fp8_e4m3"]
+    done = subprocess.run([sys.executable, "-m", "sglang_zipage.calibrate", "--queries",
+                           str(QUERIES), "--chunk", "512", *model], capture_output=True, text=True, timeout=900,
+                          env={**os.environ, **OFFLINE_ENV})
+    assert done.returncode == 0, done.stderr[-3000:]
     stats = QueryStats.load(str(out))
     assert stats.meta["texts"] == "random ids"  # a dummy model has no tokenizer
     srv = Server([*model, "--skip-tokenizer-init", "--max-total-tokens", "2048",
-                  "--zipage-scorer", "calibrated", "--zipage-query-stats", str(out),
                   "--zipage-mode", "fixed", "--zipage-kv-budget", str(BUDGET), "--zipage-buffer",
                   str(BUFFER)], tmp_path / "server.log", env=STRICT_MEM_ENV)
     try:
