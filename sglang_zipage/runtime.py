@@ -181,6 +181,10 @@ class ZipageRuntime:
         self.executor.follow(layout.kv)
         logger.info("zipage: the draft's %s pool %s follows the target's compactions",
                     layout.name, layout.describe())
+        note = speculative.running_cap_note(model_runner.server_args.max_running_requests,
+                                            model_runner.max_total_num_tokens, self.config)
+        if note:
+            logger.warning("zipage: %s", note)
 
     def _spans_anywhere(self, feature: str) -> bool:
         """Think segments and --zipage-compress-prompt need a layout whose compressed span

@@ -11,7 +11,7 @@ own post-init (NEXTN is EAGLE by then; multi-layer EAGLE forced on for the model
 
 from __future__ import annotations
 
-from typing import List
+from typing import List, Optional
 
 from sglang_zipage.config import ZipageConfig
 
@@ -62,3 +62,18 @@ def reserve(server_args) -> int:
     from sglang.srt.mem_cache.allocation_sizing import get_alloc_reserve_per_decode
 
     return get_alloc_reserve_per_decode(server_args)
+
+
+def running_cap_note(max_running: int, pool_tokens: int, config: ZipageConfig) -> Optional[str]:
+    """What to say at startup when the running-request cap binds before the compressed pool:
+    SGLang sets --max-running-requests to 48 under speculative decoding when it is not given
+    (arg_groups/speculative_hook.py), which a stock pool of long outputs about fills and a
+    compressed one holds several times over (speculative-steady-cap48-h100.json: 48 running on both
+    engines, zipage never compacted)."""
+    holds = pool_tokens // (config.kv_budget + config.buffer)
+    if not max_running or max_running >= holds:
+        return None
+    return (f"speculative decoding runs at most {max_running} requests (--max-running-requests; "
+            f"SGLang sets 48 under speculative decoding when it is not given) where the "
+            f"compressed pool holds about {holds} at budget {config.kv_budget} + buffer "
+            f"{config.buffer}: raise --max-running-requests to use the room compression makes")

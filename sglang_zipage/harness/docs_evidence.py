@@ -139,23 +139,25 @@ def speculative_table(root: str = ".", prefix: str = "") -> str:
 
 
 def speculative_coverage_table(root: str = ".", prefix: str = "") -> str:
-    """Coverage rows with speculative decoding on (coverage.py --speculative): the judge's
-    verdict and the accept length with and without compression on the same prompts."""
-    name = "coverage-speculative-h100.json"
-    res = load_json(root, name)
-    rows = []
-    for r in res["rows"]:
-        acc = (r.get("evidence") or {}).get("accept_length") or {}
-        rows.append([r["family"], r["speculative"], r["draft"] or "its MTP layer",
-                     r["kv_dtype"], r["attention_backend"], r["page_size"], r["status"],
-                     acc.get("full", ""), acc.get("compressed", ""), acc.get("ratio", ""),
-                     acc.get("compactions_per_request", "")])
-    s = res["summary"]
+    """Coverage rows with speculative decoding on (coverage.py --speculative), bf16 and FP8 KV:
+    the judge's verdict and the accept length with and without compression on the same
+    prompts; one line per run under the table (its card and commit)."""
+    rows, runs = [], []
+    for name in ("coverage-speculative-h100.json", "coverage-speculative-fp8-h100.json"):
+        res = load_json(root, name)
+        for r in res["rows"]:
+            acc = (r.get("evidence") or {}).get("accept_length") or {}
+            rows.append([r["family"], r["speculative"], r["draft"] or "its MTP layer",
+                         r["kv_dtype"], r["attention_backend"], r["page_size"], r["status"],
+                         acc.get("full", ""), acc.get("compressed", ""), acc.get("ratio", ""),
+                         acc.get("compactions_per_request", "")])
+        s = res["summary"]
+        runs.append(f"**{s['pass']} pass, {s['refused']} refused, {s['fail']} fail** "
+                    f"({res['gpu']}, commit {short_commit(res['commit'])}): {link(name, prefix)}")
     return (md_table(("family", "algorithm", "draft", "KV dtype", "attention", "page", "status",
                       "accept length, not compressed", "compressed", "ratio",
                       "compactions per request"), rows)
-            + f"\n\n**{s['pass']} pass, {s['refused']} refused, {s['fail']} fail** ({res['gpu']}, "
-            f"commit {short_commit(res['commit'])}): {link(name, prefix)}.")
+            + "\n\n" + ";\n".join(runs) + ".")
 
 
 def kernels_table(root: str = ".", prefix: str = "") -> str:
