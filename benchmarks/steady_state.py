@@ -357,7 +357,9 @@ class Run:
         if n:
             warm = ["--warm", str(n), "--warm-file", warm_file,
                     "--vocab", str(vocab_size(self.model_dir))]
-            warm += ["--warm-ages-in-prompt"] if self.args.engine == "stock" else []
+            if not warm_start.compresses(self.doc["server"]["info"], self.args.input_len,
+                                         self.args.output_len, self.args.range_ratio):
+                warm.append("--warm-ages-in-prompt")
         self.child = start_bench_serving(bench_argv, self.t0_file, self.args.window_end_s,
                                          self.base + "-bench_serving.log", self.args.temperature,
                                          warm)

@@ -53,10 +53,30 @@ def own_count(info: dict, input_len: int, full_len: int, range_ratio: float) -> 
     (``info``: a result file's server info, probe.info_summary) holds at what one of its
     requests holds on average in a long run (sizing.py; prompt and output lengths both spread
     by ``range_ratio``, as bench_serving draws them): stock's prompt + age, zipage's at its
-    budget, or its floor where it has a budget range."""
+    budget, or its floor where it has a budget range (prompt + age where it never compresses)."""
+    held = sizing.engine_held(info) if compresses(info, input_len, full_len, range_ratio) \
+        else sizing.stock_held
+    return _count(info, input_len, full_len, range_ratio, held)
+
+
+def compresses(info: dict, input_len: int, full_len: int, range_ratio: float) -> bool:
+    """Whether an engine's requests compress in a long run above capacity (else its warm
+    requests carry their ages in their prompts, as stock's do): zipage's in fixed mode always;
+    in elastic mode only where its running cap (``max_running_requests``) lets more requests
+    run than its pool holds uncompressed. SGLang caps speculative decoding at 48 requests,
+    which a pool of 8k outputs on an H100 holds whole (speculative-steady-cap48-h100.json)."""
+    config = (info.get("zipage") or {}).get("config") or {}
+    if not config.get("enabled", bool(config)):
+        return False
+    if config.get("mode", "elastic") != "elastic":
+        return True
+    cap = info.get("max_running_requests")
+    return not cap or cap > _count(info, input_len, full_len, range_ratio, sizing.stock_held)
+
+
+def _count(info, input_len, full_len, range_ratio, held_of) -> int:
     held = sizing.long_run_tokens(sizing.output_lengths(input_len, range_ratio),
-                                  sizing.output_lengths(full_len, range_ratio),
-                                  sizing.engine_held(info))
+                                  sizing.output_lengths(full_len, range_ratio), held_of)
     return sizing.running_count(info["max_total_num_tokens"], held)
 
 

@@ -69,6 +69,27 @@ def test_a_warm_start_is_as_large_as_the_engines_own_long_run_running_set():
     assert warm_start.own_count(off, 512, 8192, 0.5) == warm_start.own_count(stock, 512, 8192, 0.5)
 
 
+def test_zipage_below_its_running_cap_warms_up_as_stock_does():
+    """Elastic mode compresses only under pressure: where the running cap (SGLang's 48 under
+    speculative decoding) lets fewer requests run than the pool holds uncompressed, zipage's
+    long run is stock's, so its warm requests carry their ages in their prompts."""
+    pool = 331_381  # the H100's Qwen3-8B pool of speculative-steady-cap48-h100.json
+    config = {"enabled": True, "kv_budget": 2048, "buffer": 256, "min_kv_budget": 1024,
+              "compress_prompt": True, "mode": "elastic"}
+    stock = {"max_total_num_tokens": pool, "max_running_requests": 48}
+    capped = {**stock, "zipage": {"config": config}}
+    full = int(pool // (384 + 3185.3))  # 92 requests at prompt + mean age
+    assert not warm_start.compresses(capped, 512, 8192, 0.5)
+    assert warm_start.own_count(capped, 512, 8192, 0.5) == full
+    assert warm_start.own_count(stock, 512, 8192, 0.5) == full
+    roomy = {**capped, "max_running_requests": 4096}
+    assert warm_start.compresses(roomy, 512, 8192, 0.5)
+    assert warm_start.own_count(roomy, 512, 8192, 0.5) > 2 * full
+    fixed = {**capped, "zipage": {"config": {**config, "mode": "fixed"}}}
+    assert warm_start.compresses(fixed, 512, 8192, 0.5)
+    assert not warm_start.compresses(stock, 512, 8192, 0.5)
+
+
 @dataclass
 class Row:  # bench_serving's DatasetRow, the fields warm_rows touches
     prompt: list
