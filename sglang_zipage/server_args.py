@@ -89,7 +89,12 @@ def incompatibilities(server_args, config: ZipageConfig, invalid=()) -> List[str
                        f"{', '.join(SUPPORTED_BACKENDS)}")
     checks = [
         (a.enable_mixed_chunk, "--enable-mixed-chunk (mixes logical positions with KV lengths)"),
-        (a.enable_hierarchical_cache, "--enable-hierarchical-cache"),
+        (a.enable_hierarchical_cache and a.device == "cpu", "--enable-hierarchical-cache on "
+         "the CPU (SGLang's host pool pins its memory with cudaHostRegister and copies with "
+         "sgl_kernel's CUDA kernels: HiCache runs on a GPU)"),
+        (a.enable_hierarchical_cache and config.async_compaction, "--zipage-async with "
+         "--enable-hierarchical-cache (a load from host, on HiCache's own stream, may fill a "
+         "slot that a compaction on the side stream still reads)"),
         (a.pp_size != 1, "--pp-size > 1 (pipeline parallelism)"),
         (a.enable_torch_compile, "--enable-torch-compile"),
     ]

@@ -110,12 +110,14 @@ def test_async_needs_a_buffer_longer_than_its_head_start(clean_env):
 
 
 def test_every_refusal_is_named_in_one_message():
-    """Several problems at once (buffer not page aligned, hierarchical cache, torch
-    compile): the launcher names each of them, not only the first."""
+    """Several problems at once (buffer not page aligned, hierarchical cache on the CPU and
+    beside overlapped compaction, torch compile): the launcher names each of them, not only
+    the first."""
     r = _launch("--page-size", "16", "--zipage-buffer", "40", "--enable-hierarchical-cache",
-                "--enable-torch-compile")
+                "--enable-torch-compile", "--zipage-mode", "fixed", "--zipage-async")
     assert r.returncode != 0
-    for part in ("--zipage-buffer", "--page-size 16", "--enable-hierarchical-cache",
+    for part in ("--zipage-buffer", "--page-size 16", "--enable-hierarchical-cache on the CPU",
+                 "HiCache runs on a GPU", "--zipage-async with --enable-hierarchical-cache",
                  "--enable-torch-compile", "--zipage-disable"):
         assert part in r.stderr, r.stderr[-2000:]
 
