@@ -1,0 +1,213 @@
+#!/usr/bin/env python3
+"""A PD pair on one GPU with compression on the decode server (issue 47).
+
+Per model (dummy weights of a public shape, ``--layers`` layers, token ids): a prefill server
+(zipage's launcher: compression inactive, a prefill server decodes nothing) and a decode
+server that compresses (fixed mode ``--budget`` + ``--buffer``, its prefix tree on), each
+with its own KV pool of ``--pool`` tokens on the same GPU, the prompt's KV sent by mooncake's
+CUDA transfer engine, SGLang's Python mini load balancer (``sglang_router.launch_router
+--mini-lb``) in front, SGLang's strict memory checks on both servers. Through the balancer:
+
+1. ``--long`` requests at once, ``--long-out`` tokens each: they compress on the decode
+   server (compactions, the most KV a request held against prompt + budget + buffer);
+2. a two-turn conversation: turn 2 (turn 1's prompt, its answer, a new question) finds turn
+   1's prompt in the decode server's tree (cached_tokens), its compressed answer not;
+3. a long request aborted on the decode server while it compresses; then both servers idle
+   with every slot free (the strict checker fails a leaked one), no traceback in their logs.
+
+The JSON records each step's per-request meta_info, the decode server's zipage state and
+pools, and a verdict per check.
+
+    source benchmarks/device_env.sh && source benchmarks/pd_bundle.sh install && \\
+      python3 benchmarks/pd_check.py --out $OUT/pd-check.json \\
+        --rows qwen3-8b-dummy:flashinfer,deepseek-v3:triton
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import requests
+
+from sglang_zipage.harness.engines import MODELS, vocab_size
+from sglang_zipage.harness.probe import loads
+from sglang_zipage.harness.record import command_line, git_commit, gpu_name, write_json
+from sglang_zipage.harness.server import STRICT_MEM_ENV, Server, free_port
+
+
+def balancer(prefill: Server, bootstrap: int, decode: Server, log: Path):
+    port = free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "sglang_router.launch_router", "--mini-lb",
+                             "--pd-disaggregation", "--host", "127.0.0.1", "--port", str(port),
+                             "--prefill", prefill.url, str(bootstrap), "--decode", decode.url],
+                            stdout=open(log, "w"), stderr=subprocess.STDOUT, cwd=log.parent)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and proc.poll() is None:
+        try:
+            if requests.get(url + "/health", timeout=5).status_code == 200:
+                return proc, url
+        except requests.RequestException:
+            pass
+        time.sleep(1)
+    proc.kill()
+    raise RuntimeError("balancer not ready:\n" + log.read_text()[-3000:])
+
+
+def generate(url, ids, max_new_tokens, **body):
+    r = requests.post(url + "/generate", timeout=1800, json={
+        "input_ids": ids, **body, "sampling_params": {
+            "max_new_tokens": max_new_tokens, "temperature": 0, "ignore_eos": True}})
+    r.raise_for_status()
+    return r.json()
+
+
+def meta(out):
+    m = out["meta_info"]
+    return {k: m.get(k) for k in ("prompt_tokens", "completion_tokens", "cached_tokens",
+                                  "zipage_compactions", "zipage_kv_len", "finish_reason")}
+
+
+def healthy(server: Server) -> dict:
+    log = server.log()
+    return {"health": requests.get(server.url + "/health", timeout=30).status_code,
+            "traceback": log[log.index("Traceback"):][:2000] if "Traceback" in log else None}
+
+
+# mooncake over TCP unless told otherwise: the lent GPU machines have no RDMA NIC (SGLang's
+# mooncake_tcp choice sets the same variable); the CUDA build stages GPU buffers itself
+ENV = {**STRICT_MEM_ENV, "MC_FORCE_TCP": os.environ.get("MC_FORCE_TCP", "1")}
+
+
+def one_row(model: str, backend: str, args, work: Path) -> dict:
+    path = os.path.join(MODELS, model)
+    rng = random.Random(0)
+    hi = min(vocab_size(path), 30000)
+
+    def ids(n):
+        return [rng.randrange(100, hi) for _ in range(n)]
+
+    common = ["--model-path", path, "--load-format", "dummy", "--skip-tokenizer-init",
+              "--json-model-override-args", json.dumps({"num_hidden_layers": args.layers}),
+              "--attention-backend", backend, "--sampling-backend", "pytorch",
+              "--grammar-backend", "none", "--max-total-tokens", str(args.pool),
+              "--mem-fraction-static", str(args.mem_fraction), "--random-seed", "0",
+              "--disaggregation-transfer-backend", "mooncake"]
+    bootstrap = free_port()
+    starts = {
+        "prefill": lambda: Server([*common, "--disaggregation-mode", "prefill",
+                                   "--disaggregation-bootstrap-port", str(bootstrap)],
+                                  work / "prefill.log", env=ENV),
+        "decode": lambda: Server([*common, "--disaggregation-mode", "decode",
+                                  "--disaggregation-decode-enable-radix-cache",
+                                  "--zipage-mode", "fixed", "--zipage-kv-budget",
+                                  str(args.budget), "--zipage-buffer", str(args.buffer)],
+                                 work / "decode.log", env=ENV)}
+    row = {"model": model, "attention_backend": backend, "checks": {}}
+    t0 = time.monotonic()
+    with ThreadPoolExecutor(2) as ex:
+        servers = {k: f.result() for k, f in [(k, ex.submit(v)) for k, v in starts.items()]}
+    row["start_s"] = round(time.monotonic() - t0, 1)
+    prefill, decode = servers["prefill"], servers["decode"]
+    proc, url = balancer(prefill, bootstrap, decode, work / "balancer.log")
+    try:
+        state = decode.zipage_state()
+        limit = state["budget_limit_tokens"]
+        row["decode_zipage"] = {k: state.get(k) for k in (
+            "layout", "budget_limit_tokens", "memory_bytes", "memory", "window_slots")}
+        # 1. long outputs compress on the decode server
+        prompts = [ids(args.prompt) for _ in range(args.long)]
+        with ThreadPoolExecutor(args.long) as ex:
+            long = [meta(o) for o in ex.map(lambda p: generate(url, p, args.long_out), prompts)]
+        row["long"] = long
+        row["checks"]["long_outputs_compress_within_the_limit"] = all(
+            m["completion_tokens"] == args.long_out and (m["zipage_compactions"] or 0) > 0
+            and m["zipage_kv_len"] <= m["prompt_tokens"] + limit for m in long)
+        # 2. a second turn finds the first prompt in the decode server's tree
+        first = ids(args.prompt)
+        one = generate(url, first, args.turn_out)
+        two = generate(url, first + one["output_ids"] + ids(32), args.turn_out)
+        row["conversation"] = [meta(one), meta(two)]
+        row["checks"]["second_turn_hits_the_decode_servers_tree"] = (
+            meta(two)["cached_tokens"] >= len(first) - 1  # (a page-aligned match)
+            and meta(two)["cached_tokens"] < len(first) + len(one["output_ids"]))
+        # 3. an abort while compressing gives everything back
+        rid = f"pd-check-abort-{time.monotonic_ns()}"
+        answer = {}
+        client = threading.Thread(target=lambda: answer.update(
+            generate(url, ids(args.prompt), args.long_out, rid=rid)))
+        client.start()
+        deadline = time.monotonic() + 300
+        while decode.zipage_state()["running_compressed_requests"] == 0:
+            if time.monotonic() > deadline:
+                break
+            time.sleep(0.2)
+        requests.post(decode.url + "/abort_request", json={"rid": rid}, timeout=60)
+        client.join(timeout=600)
+        row["abort"] = meta(answer) if answer else None
+        decode.idle_and_flushed()
+        prefill.idle_and_flushed()
+        time.sleep(2)
+        row["decode_used_tokens_idle"] = loads(decode.url)["num_used_tokens"]
+        row["health"] = {"prefill": healthy(prefill), "decode": healthy(decode)}
+        row["checks"]["abort_and_idle_leak_nothing"] = bool(
+            answer and answer["meta_info"]["finish_reason"]["type"] == "abort"
+            and row["decode_used_tokens_idle"] == 0
+            and all(h["health"] == 200 and not h["traceback"] for h in row["health"].values()))
+        end = decode.zipage_state()
+        row["decode_zipage_end"] = {k: end.get(k) for k in (
+            "compactions", "windowless_compactions", "most_running_requests")}
+    finally:
+        proc.kill()
+        for s in (prefill, decode):
+            s.stop(grace=10)
+    row["status"] = "pass" if all(row["checks"].values()) else "fail"
+    return row
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--rows", default="qwen3-8b-dummy:flashinfer,deepseek-v3:triton",
+                    help="MODEL:BACKEND,... (folders under benchmarks/models)")
+    ap.add_argument("--layers", type=int, default=4)
+    ap.add_argument("--pool", type=int, default=65536, help="each server's KV pool (tokens)")
+    ap.add_argument("--mem-fraction", type=float, default=0.4)
+    ap.add_argument("--budget", type=int, default=512)
+    ap.add_argument("--buffer", type=int, default=64)
+    ap.add_argument("--prompt", type=int, default=300)
+    ap.add_argument("--long", type=int, default=8)
+    ap.add_argument("--long-out", type=int, default=2000)
+    ap.add_argument("--turn-out", type=int, default=800)
+    args = ap.parse_args()
+    doc = {"benchmark": "pd_check", "command": command_line(), "commit": git_commit(dirty=True),
+           "gpu": gpu_name(), "settings": {k: v for k, v in vars(args).items() if k != "out"},
+           "mc_force_tcp": ENV["MC_FORCE_TCP"],
+           "rows": []}
+    for item in args.rows.split(","):
+        model, backend = item.split(":")
+        work = Path(tempfile.mkdtemp(prefix=f"pd-{model}-"))
+        try:
+            row = one_row(model, backend, args, work)
+        except Exception as e:  # noqa: BLE001 - recorded, the next row still runs
+            row = {"model": model, "attention_backend": backend, "status": "error",
+                   "error": repr(e)[-3000:]}
+        row["logs"] = {p.name: p.read_text(errors="replace")[-4000:] for p in work.glob("*.log")}
+        doc["rows"].append(row)
+        print(json.dumps({k: row.get(k) for k in ("model", "status", "checks", "start_s")}),
+              flush=True)
+        write_json(doc, args.out)
+
+
+if __name__ == "__main__":
+    main()
