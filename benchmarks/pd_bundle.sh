@@ -8,7 +8,7 @@
 #   build here (network):   bash benchmarks/pd_bundle.sh build      -> .devbundle-pd/ (15 MB)
 #   use on the device:      source benchmarks/pd_bundle.sh install  (after device_env.sh;
 #                           carry=[".devbundle", ".devbundle-pd"])
-set -u
+
 dir=.devbundle-pd
 case "${1:-}" in
 build)
