@@ -110,6 +110,9 @@ def one_row(model: str, backend: str, args, work: Path) -> dict:
                                   work / "prefill.log", env=ENV),
         "decode": lambda: Server([*common, "--disaggregation-mode", "decode",
                                   "--disaggregation-decode-enable-radix-cache",
+                                  # (dummy weights: no statistics of their own; the CPU
+                                  # pair, test_pd_pair.py, runs the calibrated scorer)
+                                  "--zipage-scorer", "window",
                                   "--zipage-mode", "fixed", "--zipage-kv-budget",
                                   str(args.budget), "--zipage-buffer", str(args.buffer)],
                                  work / "decode.log", env=ENV)}
