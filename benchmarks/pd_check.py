@@ -29,8 +29,6 @@ import argparse
 import json
 import os
 import random
-import subprocess
-import sys
 import tempfile
 import threading
 import time
@@ -42,26 +40,7 @@ import requests
 from sglang_zipage.harness.engines import MODELS, vocab_size
 from sglang_zipage.harness.probe import loads
 from sglang_zipage.harness.record import command_line, git_commit, gpu_name, write_json
-from sglang_zipage.harness.server import STRICT_MEM_ENV, Server, free_port
-
-
-def balancer(prefill: Server, bootstrap: int, decode: Server, log: Path):
-    port = free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "sglang_router.launch_router", "--mini-lb",
-                             "--pd-disaggregation", "--host", "127.0.0.1", "--port", str(port),
-                             "--prefill", prefill.url, str(bootstrap), "--decode", decode.url],
-                            stdout=open(log, "w"), stderr=subprocess.STDOUT, cwd=log.parent)
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline and proc.poll() is None:
-        try:
-            if requests.get(url + "/health", timeout=5).status_code == 200:
-                return proc, url
-        except requests.RequestException:
-            pass
-        time.sleep(1)
-    proc.kill()
-    raise RuntimeError("balancer not ready:\n" + log.read_text()[-3000:])
+from sglang_zipage.harness.server import STRICT_MEM_ENV, Server, free_port, mini_balancer, stop_process
 
 
 def generate(url, ids, max_new_tokens, **body):
@@ -118,11 +97,15 @@ def one_row(model: str, backend: str, args, work: Path) -> dict:
                                  work / "decode.log", env=ENV)}
     row = {"model": model, "attention_backend": backend, "checks": {}}
     t0 = time.monotonic()
-    with ThreadPoolExecutor(2) as ex:
-        servers = {k: f.result() for k, f in [(k, ex.submit(v)) for k, v in starts.items()]}
+    # one after the other: a server sizes itself from the memory free when it starts
+    prefill = starts["prefill"]()
+    try:
+        decode = starts["decode"]()
+    except Exception:
+        prefill.stop(grace=10)
+        raise
     row["start_s"] = round(time.monotonic() - t0, 1)
-    prefill, decode = servers["prefill"], servers["decode"]
-    proc, url = balancer(prefill, bootstrap, decode, work / "balancer.log")
+    proc, url = mini_balancer(prefill.url, bootstrap, decode.url, work / "balancer.log")
     try:
         state = decode.zipage_state()
         limit = state["budget_limit_tokens"]
@@ -171,7 +154,7 @@ def one_row(model: str, backend: str, args, work: Path) -> dict:
         row["decode_zipage_end"] = {k: end.get(k) for k in (
             "compactions", "windowless_compactions", "most_running_requests")}
     finally:
-        proc.kill()
+        stop_process(proc)
         for s in (prefill, decode):
             s.stop(grace=10)
     row["status"] = "pass" if all(row["checks"].values()) else "fail"

@@ -20,6 +20,10 @@ CPU check (2-layer Qwen3 written to a temp folder; about 7 minutes on 2 busy cor
       --out /tmp/ss-tiny.json --zipage-kv-budget 64 --zipage-buffer 16 --max-total-tokens 2048 \\
       --zipage-memory-fraction 0.5  # a tiny pool needs a larger share for its window slots
 On a GPU, benchmarks/steady_pair.sh runs both engines and the merge in one background chain.
+--pd measures a PD pair on one machine instead (issue 47): the engine as the decode server (give
+it a --mem-fraction-static that leaves the prefill server its share), a stock prefill server
+started first (--pd-prefill-flags), mooncake, SGLang's mini load balancer; CPU check: the
+command above with --pd --zipage-mode fixed.
 """
 
 from __future__ import annotations
@@ -43,10 +47,11 @@ from sglang_zipage.harness.engines import DEFAULT_MODEL, TINY_NAME, model_config
 from sglang_zipage.harness.merge import WINDOW_KEYS, merge_steady, parse_spans, steady_summary
 from sglang_zipage.harness.rows import add_row
 from sglang_zipage.harness.record import REPO, command_line, git_commit, gpu_name, write_json
-from sglang_zipage.harness.server import OFFLINE_ENV, Server, stop_process
+from sglang_zipage.harness.server import OFFLINE_ENV, Server, free_port, mini_balancer, stop_process
 from sglang_zipage.harness.windows import Sampler, log, progress_line, steady_window, with_times
 
 CHILD = "bench-serving-child"
+PD_TRANSFER = ["--disaggregation-transfer-backend", "mooncake"]
 NO_TOKEN_ERROR = "no output token before the window end (aborted while queued)"
 # sample key -> (Prometheus sample name, labels it must carry); summed over matching samples
 # (spec_accept_length: SGLang's gauge of the last logged decode stretch, 0 without speculative
@@ -116,6 +121,14 @@ def parse_args(argv: List[str]):
            "args.temperature, 0 unless set, which its CLI does not expose): greedy outputs "
            "of dummy weights repeat a few tokens forever, and the loop guard (on by default) "
            "then raises every budget to 4x, a dummy-weight artifact; sampled ones do not")
+    a("--pd", action="store_true",
+      help="a PD pair on this machine: the engine runs as the decode server, a stock prefill "
+           "server (--pd-prefill-flags) beside it, the KV sent by mooncake (over TCP unless "
+           "MC_FORCE_TCP=0), SGLang's mini load balancer in front; the load goes to the "
+           "balancer, the samples come from the decode server")
+    a("--pd-prefill-flags", default="--mem-fraction-static 0.25 --disable-cuda-graph",
+      help="the prefill server's own flags, one string (beside the model, the tokenizer and "
+           "the engine's --attention-backend)")
     a("--bench-serving-args", default="", help="more bench_serving flags, one string")
     a("--stream-interval", type=int, default=8, help="server: tokens per streamed chunk")
     a("--window-start-s", type=float, default=300.0, help="after the load started")
@@ -312,6 +325,8 @@ class Run:
         self.t0_file = os.path.join(self.work, "load_start")
         self.report_path = os.path.join(self.work, "bench_serving.jsonl")
         self.server = self.sampler = self.child = None
+        self.prefill = self.balancer = None  # --pd: the prefill server and the balancer
+        self.load_url = None  # where bench_serving sends the load
         self.t0: Optional[float] = None
         self.t_start = time.time()
         self.doc = dict(benchmark="steady_state", status="starting", engine=args.engine,
@@ -334,8 +349,12 @@ class Run:
         flags = server_flags_for(self.args, self.model_dir, tok, self.extra_flags)
         log(f"starting the {self.args.engine} server: {' '.join(flags)}")
         t = time.time()
-        self.server = Server(flags, self.base + "-server.log", env=OFFLINE_ENV,
-                             ready_timeout=self.args.server_timeout_s)
+        if self.args.pd:
+            self.start_pd(flags, tok)
+        else:
+            self.server = Server(flags, self.base + "-server.log", env=OFFLINE_ENV,
+                                 ready_timeout=self.args.server_timeout_s)
+            self.load_url = self.server.url
         self.doc["server"] = dict(
             command=command_line(self.server.command()[1:], prog="python"),
             extra_flags=self.extra_flags, ready_s=round(time.time() - t, 1),
@@ -344,8 +363,35 @@ class Run:
         self.sampler = Sampler(self.server.url, self.args.sample_interval_s, ZIPAGE_KEYS, PROM_COUNTERS)
         self.sampler.start()
 
+    def start_pd(self, decode_flags: List[str], tok: str) -> None:
+        """The decode server (the engine), a stock prefill server, the balancer in front."""
+        bootstrap = free_port()
+        stock = argparse.Namespace(**{**vars(self.args), "engine": "stock"})
+        given = self.extra_flags
+        backend = next((given[i + 1] for i in range(len(given) - 2, -1, -1)
+                        if given[i] == "--attention-backend"), None)
+        prefill = (server_flags_for(stock, self.model_dir, tok, [])
+                   + (["--attention-backend", backend] if backend else [])
+                   + shlex.split(self.args.pd_prefill_flags)
+                   + ["--disaggregation-mode", "prefill", *PD_TRANSFER,
+                      "--disaggregation-bootstrap-port", str(bootstrap)])
+        decode = decode_flags + ["--disaggregation-mode", "decode", *PD_TRANSFER]
+        env = {**OFFLINE_ENV, "MC_FORCE_TCP": os.environ.get("MC_FORCE_TCP", "1")}
+        # one after the other: a server sizes its pool from the memory free when it starts
+        self.prefill = Server(prefill, self.base + "-prefill.log", env=env,
+                              ready_timeout=self.args.server_timeout_s)
+        self.server = Server(decode, self.base + "-server.log", env=env,
+                             ready_timeout=self.args.server_timeout_s)
+        self.balancer, self.load_url = mini_balancer(self.prefill.url, bootstrap, self.server.url,
+                                                     self.base + "-balancer.log")
+        self.doc["pd"] = dict(prefill_command=command_line(self.prefill.command()[1:],
+                                                           prog="python"),
+                              prefill_log=self.base + "-prefill.log", transfer=PD_TRANSFER,
+                              mc_force_tcp=env["MC_FORCE_TCP"],
+                              balancer="sglang_router.launch_router --mini-lb")
+
     def start_load(self) -> None:
-        bench_argv = bench_serving_argv(self.args, self.server.url,
+        bench_argv = bench_serving_argv(self.args, self.load_url,
                                         os.path.join(self.work, "tokenizer"), self.report_path)
         self.doc["load"]["bench_serving_argv"] = bench_argv
         warm_file = os.path.join(self.work, "warm_start.json")
@@ -406,7 +452,9 @@ class Run:
         t, calls = time.time(), 0
         while self.child.poll() is None and time.time() - t < self.args.drain_timeout_s:
             try:
-                requests.post(self.server.url + "/abort_request", json={"abort_all": True}, timeout=30)
+                for server in filter(None, (self.server, self.prefill)):
+                    requests.post(server.url + "/abort_request", json={"abort_all": True},
+                                  timeout=30)
                 calls += 1
             except requests.RequestException:
                 pass
@@ -422,8 +470,11 @@ class Run:
     # -- helpers
     def check_alive(self, child_may_end: bool) -> bool:
         """False once bench_serving has ended (if allowed); raises if anything died."""
-        if self.server.proc.poll() is not None:
-            raise RuntimeError(f"server exited with {self.server.proc.returncode}; see its log")
+        for name, proc in (("server", self.server.proc),
+                           ("prefill server", self.prefill and self.prefill.proc),
+                           ("balancer", self.balancer)):
+            if proc is not None and proc.poll() is not None:
+                raise RuntimeError(f"{name} exited with {proc.returncode}; see its log")
         code = self.child.poll()
         if code is None:
             return True
@@ -458,6 +509,9 @@ class Run:
             if self.sampler is not None:
                 self.sampler.stop()
         finally:
+            stop_process(self.balancer)
+            if self.prefill is not None:
+                self.doc["pd"]["prefill_pids_alive_after_stop"] = self.prefill.stop()
             if self.server is not None:
                 self.doc["server"]["pids_alive_after_stop"] = self.server.stop()
             # which card (a call for one kind of GPU may get another): after the server, so

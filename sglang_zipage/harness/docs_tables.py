@@ -151,6 +151,8 @@ NOTES = {
     "steady-pair-cpu-tiny.json": "2-layer tiny model on a 2-core CPU (a step costs per request)",
     "steady-pair-cpu-tiny-min32.json": "2-layer tiny model on a 2-core CPU (a step costs per "
                                        "request)",
+    "steady-pd-cpu-tiny.json": "PD pair (decode server measured), tiny model and pool on a "
+                               "2-core CPU: stock's 512 tokens reserved per request bind",
 }
 
 

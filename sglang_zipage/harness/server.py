@@ -185,3 +185,29 @@ def stop_process(proc, grace_s: float = 15.0) -> None:
     except subprocess.TimeoutExpired:
         proc.kill()
         proc.wait(timeout=grace_s)
+
+
+def mini_balancer(prefill_url: str, bootstrap_port: int, decode_url: str, log_path: Path,
+                  timeout_s: float = 120.0):
+    """SGLang's Python load balancer for a PD pair (``sglang_router.launch_router --mini-lb
+    --pd-disaggregation``: the router package's Python part, which runs without its Rust
+    router) -> (process, url), once it answers ``/health``."""
+    log_path = Path(log_path)
+    port = free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "sglang_router.launch_router", "--mini-lb",
+                             "--pd-disaggregation", "--host", "127.0.0.1", "--port", str(port),
+                             "--prefill", prefill_url, str(bootstrap_port),
+                             "--decode", decode_url],
+                            stdout=open(log_path, "w"), stderr=subprocess.STDOUT,
+                            cwd=log_path.parent)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline and proc.poll() is None:
+        try:
+            if requests.get(url + "/health", timeout=5).status_code == 200:
+                return proc, url
+        except requests.RequestException:
+            pass
+        time.sleep(1)
+    stop_process(proc)
+    raise RuntimeError("load balancer not ready:\n" + log_path.read_text()[-3000:])
