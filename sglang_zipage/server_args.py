@@ -121,6 +121,9 @@ def pd_refusals(server_args) -> List[str]:
          "longer holds"),
         (a.speculative_algorithm is not None, f"--speculative-algorithm "
          f"{a.speculative_algorithm} on a decode server", "not validated yet"),
+        (a.enable_hierarchical_cache, "--enable-hierarchical-cache on a decode server",
+         "not tried yet (its host prefetch gates the decode server's admission, beside "
+         "zipage's admission hooks there)"),
     ]
     return [f"{flag} is not supported with zipage yet: {why}" for cond, flag, why in checks if cond]
 

@@ -145,3 +145,6 @@ def test_a_pd_decode_server_names_what_it_cannot_compress_yet(clean_env):
                    "--disaggregation-decode-enable-offload-kvcache")
     assert "--disaggregation-decode-enable-offload-kvcache is not supported with zipage yet" in msg
     assert "--zipage-disable" in msg
+    msg = _refusal("--disaggregation-mode", "decode", "--disaggregation-decode-enable-radix-cache",
+                   "--enable-hierarchical-cache")
+    assert "--enable-hierarchical-cache on a decode server is not supported with zipage" in msg
