@@ -45,8 +45,8 @@ from concurrent.futures import ThreadPoolExecutor
 
 from sglang_zipage import segments
 from sglang_zipage.harness import probe
-from sglang_zipage.harness.engines import (MODELS, dummy_engine_kwargs, model_config, vocab_size,
-                                           zipage_kwargs)
+from sglang_zipage.harness.engines import (MODELS, SHAPE_OVERRIDES, dummy_engine_kwargs,
+                                           model_config, vocab_size, zipage_kwargs)
 from sglang_zipage.harness.record import command_line, git_commit, gpu_name, write_json
 from sglang_zipage.harness.server import STRICT_CHECKS_ENV
 from sglang_zipage.repetition import LoopGuard
@@ -70,10 +70,6 @@ FAMILIES = {
     "deepseek-v3": ("deepseek-v3", 4, 256, 64),
     "qwen3-next-80b-a3b": ("qwen3-next-80b-a3b", 4, 256, 64),
 }
-# Config overrides beyond the layer count: DeepSeek-V3's attention (128 query heads, the MLA
-# latent, q_lora) is kept whole; its one MoE layer gets 32 of its 256 routed experts, so that
-# rows can run side by side on one GPU (zipage touches attention only).
-OVERRIDES = {"deepseek-v3": {"n_routed_experts": 32}}
 # A second batch at a per-request budget (zipage_kv_budget) on the same engine:
 # family -> (kv_budget, output tokens)
 LARGE_BUDGET = {"deepseek-v3": (2048, 2600)}
@@ -142,9 +138,9 @@ def spec_rows(families):
 
 # ------------------------------------------------------------------------------ one row
 def model_override(row):
-    """The config fields a row changes: its layer count and the family's OVERRIDES."""
+    """The config fields a row changes: its layer count and the family's SHAPE_OVERRIDES."""
     folder, layers, _, _ = FAMILIES[row["family"]]
-    override = {"num_hidden_layers": layers, **OVERRIDES.get(row["family"], {})}
+    override = {"num_hidden_layers": layers, **SHAPE_OVERRIDES.get(row["family"], {})}
     cfg = model_config(os.path.join(MODELS, folder))
     if "layer_types" in cfg:  # per-layer kinds (gpt-oss): the first `layers` of them
         override["layer_types"] = cfg["layer_types"][:layers]

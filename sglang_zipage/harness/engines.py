@@ -26,6 +26,11 @@ from sglang_zipage.harness.record import REPO
 
 MODELS = os.path.join(REPO, "benchmarks", "models")
 DEFAULT_MODEL = os.path.join(MODELS, "qwen3-8b-dummy")  # Qwen3-8B's shape
+# Config overrides of a benchmark model beyond its layer count (coverage.py, pd_check.py):
+# DeepSeek-V3's attention (128 query heads, the MLA latent, q_lora) is kept whole; its one MoE
+# layer gets 32 of its 256 routed experts, so that engines can run side by side on one GPU
+# (zipage touches attention only).
+SHAPE_OVERRIDES = {"deepseek-v3": {"n_routed_experts": 32}}
 TINY_CONFIG = dict(hidden_size=256, intermediate_size=512, num_hidden_layers=2,
                    num_attention_heads=4, num_key_value_heads=2, head_dim=64,
                    vocab_size=32000, max_position_embeddings=40960, max_window_layers=2,
