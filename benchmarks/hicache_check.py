@@ -15,8 +15,8 @@ same flags (``--zipage-disable``'s engine) for the hit counts side by side.
 
 Per request: cached_tokens_details, zipage_compactions, zipage_kv_len; the summary gives, per
 engine and round, the tokens hit on device and on host, the requests compressed, the most KV a
-request held against prompt + budget + buffer, and the pool at the end (every token free or
-in the tree: SGLang's strict checker raises in the scheduler otherwise, and the run fails).
+request held against prompt + budget + buffer. SGLang's strict checker raises in the scheduler
+on a leaked or doubly freed slot, and the run fails.
 
     source benchmarks/device_env.sh && python3 benchmarks/hicache_check.py --out $OUT/hicache.json
     # DeepSeek-V3's shape (MLA host pool): --model benchmarks/models/deepseek-v3 --attention-backend triton
@@ -30,7 +30,7 @@ import os
 import random
 
 from sglang_zipage.harness import probe
-from sglang_zipage.harness.engines import MODELS, vocab_size, zipage_kwargs
+from sglang_zipage.harness.engines import MODELS, SHAPE_OVERRIDES, vocab_size, zipage_kwargs
 from sglang_zipage.harness.record import command_line, git_commit, gpu_name, write_json
 from sglang_zipage.harness.server import STRICT_MEM_ENV
 
@@ -104,7 +104,9 @@ def main():
                        for _ in range(args.group)])
     sampling = dict(max_new_tokens=args.max_new_tokens, temperature=0, ignore_eos=True)
     base = dict(model_path=args.model, load_format="dummy", skip_tokenizer_init=True,
-                json_model_override_args=json.dumps({"num_hidden_layers": args.layers}),
+                json_model_override_args=json.dumps({
+                    "num_hidden_layers": args.layers,
+                    **SHAPE_OVERRIDES.get(os.path.basename(os.path.normpath(args.model)), {})}),
                 attention_backend=args.attention_backend, sampling_backend="pytorch",
                 grammar_backend="none", random_seed=0, max_total_tokens=args.max_total_tokens,
                 mem_fraction_static=0.5, enable_hierarchical_cache=True,

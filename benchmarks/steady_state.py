@@ -511,7 +511,7 @@ class Run:
         finally:
             stop_process(self.balancer)
             if self.prefill is not None:
-                self.doc["pd"]["prefill_pids_alive_after_stop"] = self.prefill.stop()
+                self.doc.setdefault("pd", {})["prefill_pids_alive_after_stop"] = self.prefill.stop()
             if self.server is not None:
                 self.doc["server"]["pids_alive_after_stop"] = self.server.stop()
             # which card (a call for one kind of GPU may get another): after the server, so
