@@ -38,6 +38,7 @@ install)
   for l in libibverbs.so.1 libmlx5.so.1 libnuma.so.1; do
     ldconfig -p | grep -q "$l" || { export LD_LIBRARY_PATH="$PWD/$dir/libs:${LD_LIBRARY_PATH:-}"; break; }
   done
-  python3 -c "from mooncake.engine import TransferEngine" || return 1 ;;
+  # (outside the repository root, whose kernels/ would shadow PyPI's `kernels`)
+  (cd /tmp && python3 -c "from mooncake.engine import TransferEngine") || return 1 ;;
 *) echo "usage: bash benchmarks/pd_bundle.sh build | source benchmarks/pd_bundle.sh install" >&2 ;;
 esac
