@@ -45,8 +45,8 @@ from concurrent.futures import ThreadPoolExecutor
 
 from sglang_zipage import segments
 from sglang_zipage.harness import probe
-from sglang_zipage.harness.engines import (MODELS, SHAPE_OVERRIDES, dummy_engine_kwargs,
-                                           model_config, vocab_size, zipage_kwargs)
+from sglang_zipage.harness.engines import (MODELS, dummy_engine_kwargs, model_config,
+                                           shape_override, vocab_size, zipage_kwargs)
 from sglang_zipage.harness.record import command_line, git_commit, gpu_name, write_json
 from sglang_zipage.harness.server import STRICT_CHECKS_ENV
 from sglang_zipage.repetition import LoopGuard
@@ -138,13 +138,9 @@ def spec_rows(families):
 
 # ------------------------------------------------------------------------------ one row
 def model_override(row):
-    """The config fields a row changes: its layer count and the family's SHAPE_OVERRIDES."""
+    """The config fields a row changes (harness.engines.shape_override)."""
     folder, layers, _, _ = FAMILIES[row["family"]]
-    override = {"num_hidden_layers": layers, **SHAPE_OVERRIDES.get(row["family"], {})}
-    cfg = model_config(os.path.join(MODELS, folder))
-    if "layer_types" in cfg:  # per-layer kinds (gpt-oss): the first `layers` of them
-        override["layer_types"] = cfg["layer_types"][:layers]
-    return override
+    return shape_override(os.path.join(MODELS, folder), layers)
 
 
 def written_model(row) -> str:

@@ -30,7 +30,7 @@ import os
 import random
 
 from sglang_zipage.harness import probe
-from sglang_zipage.harness.engines import MODELS, SHAPE_OVERRIDES, vocab_size, zipage_kwargs
+from sglang_zipage.harness.engines import MODELS, shape_override, vocab_size, zipage_kwargs
 from sglang_zipage.harness.record import command_line, git_commit, gpu_name, write_json
 from sglang_zipage.harness.server import STRICT_MEM_ENV
 
@@ -104,9 +104,7 @@ def main():
                        for _ in range(args.group)])
     sampling = dict(max_new_tokens=args.max_new_tokens, temperature=0, ignore_eos=True)
     base = dict(model_path=args.model, load_format="dummy", skip_tokenizer_init=True,
-                json_model_override_args=json.dumps({
-                    "num_hidden_layers": args.layers,
-                    **SHAPE_OVERRIDES.get(os.path.basename(os.path.normpath(args.model)), {})}),
+                json_model_override_args=json.dumps(shape_override(args.model, args.layers)),
                 attention_backend=args.attention_backend, sampling_backend="pytorch",
                 grammar_backend="none", random_seed=0, max_total_tokens=args.max_total_tokens,
                 mem_fraction_static=0.5, enable_hierarchical_cache=True,

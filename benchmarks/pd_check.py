@@ -37,7 +37,7 @@ from pathlib import Path
 
 import requests
 
-from sglang_zipage.harness.engines import MODELS, SHAPE_OVERRIDES, vocab_size
+from sglang_zipage.harness.engines import MODELS, shape_override, vocab_size
 from sglang_zipage.harness.probe import loads
 from sglang_zipage.harness.record import command_line, git_commit, gpu_name, write_json
 from sglang_zipage.harness.server import STRICT_MEM_ENV, Server, free_port, mini_balancer, stop_process
@@ -77,8 +77,7 @@ def one_row(model: str, backend: str, args, work: Path) -> dict:
         return [rng.randrange(100, hi) for _ in range(n)]
 
     common = ["--model-path", path, "--load-format", "dummy", "--skip-tokenizer-init",
-              "--json-model-override-args", json.dumps({"num_hidden_layers": args.layers,
-                                                        **SHAPE_OVERRIDES.get(model, {})}),
+              "--json-model-override-args", json.dumps(shape_override(path, args.layers)),
               "--attention-backend", backend, "--sampling-backend", "pytorch",
               "--grammar-backend", "none", "--max-total-tokens", str(args.pool),
               "--mem-fraction-static", str(args.mem_fraction), "--random-seed", "0",

@@ -31,6 +31,17 @@ DEFAULT_MODEL = os.path.join(MODELS, "qwen3-8b-dummy")  # Qwen3-8B's shape
 # layer gets 32 of its 256 routed experts, so that engines can run side by side on one GPU
 # (zipage touches attention only).
 SHAPE_OVERRIDES = {"deepseek-v3": {"n_routed_experts": 32}}
+
+
+def shape_override(model_dir: str, layers: int) -> Dict:
+    """The config fields a benchmark changes in a model folder's shape: its layer count, the
+    folder's SHAPE_OVERRIDES, and per-layer kinds (gpt-oss's layer_types) cut to ``layers``."""
+    override = {"num_hidden_layers": layers,
+                **SHAPE_OVERRIDES.get(os.path.basename(os.path.normpath(model_dir)), {})}
+    cfg = model_config(model_dir)
+    if "layer_types" in cfg:
+        override["layer_types"] = cfg["layer_types"][:layers]
+    return override
 TINY_CONFIG = dict(hidden_size=256, intermediate_size=512, num_hidden_layers=2,
                    num_attention_heads=4, num_key_value_heads=2, head_dim=64,
                    vocab_size=32000, max_position_embeddings=40960, max_window_layers=2,

@@ -13,7 +13,7 @@ Used by benchmarks/sizing_arithmetic.py (docs/results.md's sizing table) and by 
 
 from __future__ import annotations
 
-from typing import Callable, Iterable
+from typing import Callable, Iterable, Optional
 
 import numpy as np
 
@@ -63,12 +63,19 @@ def running_count(pool_tokens: int, mean_tokens: float) -> int:
     return int(pool_tokens // mean_tokens)
 
 
+def zipage_config(info: dict) -> Optional[dict]:
+    """The zipage configuration in a result file's server info, None where compression is off
+    (stock SGLang serves no zipage state; --zipage-disable says enabled false)."""
+    config = (info.get("zipage") or {}).get("config") or {}
+    return config if config.get("enabled", bool(config)) else None
+
+
 def engine_held(info: dict) -> Callable[[int], Callable[[np.ndarray], np.ndarray]]:
     """held_of(prompt) for the engine described by a result file's server info (probe.
     info_summary): stock's, or zipage's at its configuration (its floor where it has a budget
     range: a long run above capacity squeezes every request to it)."""
-    config = ((info.get("zipage") or {}).get("config") or {})
-    if not config.get("enabled", bool(config)):
+    config = zipage_config(info)
+    if config is None:
         return stock_held
     budget = config.get("min_kv_budget") or config["kv_budget"]
     return lambda prompt: zipage_held(prompt, budget, config["buffer"],

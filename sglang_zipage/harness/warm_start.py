@@ -65,8 +65,8 @@ def compresses(info: dict, input_len: int, full_len: int, range_ratio: float) ->
     in elastic mode only where its running cap (``max_running_requests``) lets more requests
     run than its pool holds uncompressed. SGLang caps speculative decoding at 48 requests,
     which a pool of 8k outputs on an H100 holds whole (speculative-steady-cap48-h100.json)."""
-    config = (info.get("zipage") or {}).get("config") or {}
-    if not config.get("enabled", bool(config)):
+    config = sizing.zipage_config(info)
+    if config is None:
         return False
     if config.get("mode", "elastic") != "elastic":
         return True
