@@ -21,6 +21,9 @@ pools, and a verdict per check.
     source benchmarks/device_env.sh && source benchmarks/pd_bundle.sh install && \\
       python3 benchmarks/pd_check.py --out $OUT/pd-check.json \\
         --rows qwen3-8b-dummy:flashinfer,deepseek-v3:triton
+
+``--speculative NEXTN`` runs both servers with DeepSeek's MTP drafts (``--rows
+deepseek-v3:triton``); zipage refuses speculative decoding on a decode server until this passes.
 """
 
 from __future__ import annotations
@@ -29,6 +32,8 @@ import argparse
 import json
 import os
 import random
+import subprocess
+import sys
 import tempfile
 import threading
 import time
@@ -37,7 +42,7 @@ from pathlib import Path
 
 import requests
 
-from sglang_zipage.harness.engines import MODELS, shape_override, vocab_size
+from sglang_zipage.harness.engines import MODELS, model_config, shape_override, vocab_size
 from sglang_zipage.harness.probe import loads
 from sglang_zipage.harness.record import command_line, git_commit, gpu_name, write_json
 from sglang_zipage.harness.server import STRICT_MEM_ENV, Server, free_port, mini_balancer, stop_process
@@ -76,8 +81,29 @@ def one_row(model: str, backend: str, args, work: Path) -> dict:
     def ids(n):
         return [rng.randrange(100, hi) for _ in range(n)]
 
-    common = ["--model-path", path, "--load-format", "dummy", "--skip-tokenizer-init",
-              "--json-model-override-args", json.dumps(shape_override(path, args.layers)),
+    shape = ["--json-model-override-args", json.dumps(shape_override(path, args.layers))]
+    spec = []
+    if args.speculative:
+        # both servers draft (the prefill server sends the first draft's inputs with the KV);
+        # the draft reads the target's folder, and SGLang would apply the override to the
+        # draft's config as well: the changed config is written into a folder of its own
+        path = str(work / "model")
+        os.makedirs(path, exist_ok=True)
+        with open(os.path.join(path, "config.json"), "w") as f:
+            json.dump({**model_config(os.path.join(MODELS, model)),
+                       **shape_override(os.path.join(MODELS, model), args.layers)}, f)
+        shape = []
+        # speculative decoding runs the calibrated scorer: the written model's statistics,
+        # measured as a user would (into the model's folder, found there by default)
+        subprocess.run([sys.executable, "-m", "sglang_zipage.calibrate", "--model-path", path,
+                        "--load-format", "dummy", "--attention-backend", backend,
+                        "--sampling-backend", "pytorch", "--grammar-backend", "none"],
+                       check=True, cwd=tempfile.gettempdir(),
+                       stdout=open(work / "calibrate.log", "w"), stderr=subprocess.STDOUT)
+        spec = ["--speculative-algorithm", args.speculative, "--speculative-num-steps", "3",
+                "--speculative-eagle-topk", "1", "--speculative-num-draft-tokens", "4"]
+    common = ["--model-path", path, "--load-format", "dummy", "--skip-tokenizer-init", *shape,
+              *spec,
               "--attention-backend", backend, "--sampling-backend", "pytorch",
               "--grammar-backend", "none", "--max-total-tokens", str(args.pool),
               "--mem-fraction-static", str(args.mem_fraction), "--random-seed", "0",
@@ -89,13 +115,15 @@ def one_row(model: str, backend: str, args, work: Path) -> dict:
                                   work / "prefill.log", env=ENV),
         "decode": lambda: Server([*common, "--disaggregation-mode", "decode",
                                   "--disaggregation-decode-enable-radix-cache",
-                                  # (dummy weights: no statistics of their own; the CPU
-                                  # pair, test_pd_pair.py, runs the calibrated scorer)
-                                  "--zipage-scorer", "window",
+                                  # (dummy weights: no statistics of their own but those
+                                  # calibrated for speculative decoding; the CPU pair,
+                                  # test_pd_pair.py, runs the calibrated scorer)
+                                  "--zipage-scorer", "calibrated" if spec else "window",
                                   "--zipage-mode", "fixed", "--zipage-kv-budget",
                                   str(args.budget), "--zipage-buffer", str(args.buffer)],
                                  work / "decode.log", env=ENV)}
-    row = {"model": model, "attention_backend": backend, "checks": {}}
+    row = {"model": model, "attention_backend": backend, "speculative": args.speculative or None,
+           "checks": {}}
     t0 = time.monotonic()
     # one after the other: a server sizes itself from the memory free when it starts
     prefill = starts["prefill"]()
@@ -175,6 +203,9 @@ def main():
     ap.add_argument("--long", type=int, default=8)
     ap.add_argument("--long-out", type=int, default=2000)
     ap.add_argument("--turn-out", type=int, default=800)
+    ap.add_argument("--speculative", default="",
+                    help="a draft-free algorithm on both servers (NEXTN on deepseek-v3: its MTP "
+                         "layer), 3 steps, 4 draft tokens")
     args = ap.parse_args()
     doc = {"benchmark": "pd_check", "command": command_line(), "commit": git_commit(dirty=True),
            "gpu": gpu_name(), "settings": {k: v for k, v in vars(args).items() if k != "out"},
