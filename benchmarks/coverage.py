@@ -214,7 +214,9 @@ def engine_kwargs(row, stock):
     kw["attention_backend"] = backend
     if not row.get("default_pool"):  # else SGLang sizes it from mem_fraction_static, alone
         kw["max_total_tokens"] = POOL_TOKENS.get(row["family"], DEFAULT_POOL_TOKENS)
-    options = {"mode": "fixed", "kv_budget": budget, "buffer": buffer}
+    # the window scorer unless the row calibrates: a statistics file some other run left in
+    # the model's folder (a 36-layer calibration beside these 4-layer rows) is not the row's
+    options = {"mode": "fixed", "kv_budget": budget, "buffer": buffer, "scorer": "window"}
     if row.get("scorer") == "calibrated":
         options.update(scorer="calibrated", query_stats=row["query_stats"])
     return {**kw, **zipage_kwargs("stock" if stock else "zipage", options)}

@@ -34,6 +34,11 @@ build)
 install)
   python3 -m pip install -q --no-deps --no-compile --target /tmp/site "$dir"/*.whl \
     > /dev/null 2>&1 || { echo "pd_bundle: pip install failed" >&2; return 1; }
+  # the Rust router's module, dropped above: router_args.py asks it for the tool-call parser
+  # names (its --tool-call-parser choices; None: any), router.py for the Rust Router, whose
+  # ImportError launch_router.py catches (then only --mini-lb runs)
+  echo 'def get_available_tool_call_parsers(): return None' \
+    > /tmp/site/sglang_router/sglang_router_rs.py
   # the carried libraries only where the device has none of its own
   for l in libibverbs.so.1 libmlx5.so.1 libnuma.so.1; do
     ldconfig -p | grep -q "$l" || { export LD_LIBRARY_PATH="$PWD/$dir/libs:${LD_LIBRARY_PATH:-}"; break; }

@@ -69,6 +69,7 @@ def chunks(tokenize, domains: Sequence[str], size: int) -> List[List[int]]:
     return out
 
 
+CAPTURE_POOL_TOKENS = 8192  # the capture engine's pool at least (capture_engine_kwargs)
 RANDOM_TOKENS = 8192  # a model without a tokenizer: this many random ids
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "tokenizer_config.json", "vocab.json")
 
@@ -92,6 +93,21 @@ def calibration_tokens(model_path: str, domains: Sequence[str], chunk: int):
     return [ids[i:i + chunk] for i in range(0, RANDOM_TOKENS, chunk)], "random ids"
 
 
+def capture_engine_kwargs(engine_kwargs: Dict, tokens: int) -> Dict:
+    """The capture engine's flags: the caller's, with nothing cached, no CUDA graphs (one
+    prefill), the window scorer (the capture scores nothing with statistics: a file already at
+    the model's path, of other dimensions after --json-model-override-args, say, must not
+    refuse the run that remakes it), and, unless the caller sized the pool, a pool of twice the
+    calibration's ``tokens`` (at least CAPTURE_POOL_TOKENS) rather than the device's: SGLang
+    sizes a pool without CUDA graphs closer to the device's memory, and a DeepSeek-V3-shaped
+    capture on an H100 ran short at zipage's kernel warm-up (Triton: CUDA out of memory)."""
+    kw = {**engine_kwargs, "disable_radix_cache": True, "skip_tokenizer_init": True,
+          "disable_cuda_graph": True, "zipage_scorer": "window", "zipage_query_stats": ""}
+    if not {"max_total_tokens", "mem_fraction_static"} & set(engine_kwargs):
+        kw["max_total_tokens"] = max(CAPTURE_POOL_TOKENS, 2 * tokens)
+    return kw
+
+
 def capture(engine_kwargs: Dict, parts: List[List[int]], wait_s: float = 120.0) -> Accumulator:
     """Prefill ``parts`` on an Engine started with ``engine_kwargs`` and return the queries
     its schedulers captured (query_capture.py), joined over the tensor-parallel ranks."""
@@ -106,12 +122,7 @@ def capture(engine_kwargs: Dict, parts: List[List[int]], wait_s: float = 120.0) 
     os.environ[query_capture.ENV] = f"{prefix}|{sum(len(p) for p in parts)}"
     engine = None
     try:
-        # the capture scores nothing with statistics: a file already at the model's path (of
-        # other dimensions, say after --json-model-override-args) must not refuse the run
-        # that remakes it
-        engine = Engine(**{**engine_kwargs, "disable_radix_cache": True,
-                           "skip_tokenizer_init": True, "disable_cuda_graph": True,
-                           "zipage_scorer": "window", "zipage_query_stats": ""})
+        engine = Engine(**capture_engine_kwargs(engine_kwargs, sum(len(p) for p in parts)))
         engine.generate(input_ids=parts, sampling_params={"max_new_tokens": 1,
                                                           "temperature": 0})
         files = [query_capture.rank_file(prefix, r) for r in range(engine_kwargs.get("tp_size", 1))]

@@ -43,7 +43,11 @@ def default_overrides(given: Dict, config: ZipageConfig, *, has_cuda: bool) -> D
     elif config.enabled:
         if "attention_backend" not in given:
             out["attention_backend"] = "flashinfer"
-        if not {"cuda_graph_max_bs_decode", "cuda_graph_bs_decode"} & set(given):
+        # (not under speculative decoding: a verify graph holds each request's draft tokens,
+        # and flashinfer's split-KV scratch for one at batch 512 outgrows the 512 MB SGLang
+        # gives it for Qwen3, speculative-steady-cap512-attempt-h100.json: SGLang's own sizing)
+        if (not {"cuda_graph_max_bs_decode", "cuda_graph_bs_decode"} & set(given)
+                and not given.get("speculative_algorithm")):
             out["cuda_graph_max_bs_decode"] = graph_max_bs(config)
     return out
 

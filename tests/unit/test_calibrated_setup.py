@@ -74,6 +74,11 @@ def test_a_server_finds_its_statistics_or_is_refused_with_the_command(tmp_path):
     (msg,) = model_support.refusals(f, ZipageConfig(kv_budget=256, buffer=64, scorer="calibrated",
                                                     query_stats=str(wrong)), server)
     assert "calibrate it" in msg and "(36, 8, 128)" in msg and "(36, 32, 128)" in msg
+    # a PD prefill server scores nothing: statistics of another shape (a benchmark's layer
+    # override beside the full model's file, seen on an H100) are the decode server's concern
+    prefill = SimpleNamespace(**{**vars(server), "disaggregation_mode": "prefill"})
+    assert model_support.refusals(f, ZipageConfig(kv_budget=256, buffer=64, scorer="calibrated",
+                                                  query_stats=str(wrong)), prefill) == []
     # MLA: a query row is q_nope | q_rope (128 + 64 for DeepSeek V3), before absorption
     mla = model_support.model_facts(str(MODELS / "deepseek-v3"))
     assert mla["mla"] and (mla["query_heads"], mla["query_width"]) == (128, 192)
@@ -140,3 +145,16 @@ def test_auto_runs_the_calibrated_scorer_where_the_model_has_statistics(tmp_path
     assert model_support.with_scorer(auto, str(bare)).scorer == "calibrated"
     explicit = ZipageConfig(scorer="window")
     assert model_support.with_scorer(explicit, bundled_model_path()) is explicit
+
+
+def test_the_capture_engine_holds_a_pool_for_its_texts_unless_told_otherwise():
+    """calibrate's engine prefills the calibration texts once: a pool of twice their tokens,
+    not one sized from the device's memory; a pool the user sized stays theirs."""
+    kw = calibrate.capture_engine_kwargs({"model_path": "m", "tp_size": 2}, 6000)
+    assert kw["max_total_tokens"] == 12000 and kw["tp_size"] == 2
+    assert kw["zipage_scorer"] == "window" and kw["disable_cuda_graph"]
+    assert calibrate.capture_engine_kwargs({}, 100)["max_total_tokens"] == \
+        calibrate.CAPTURE_POOL_TOKENS
+    for given in ({"max_total_tokens": 50_000}, {"mem_fraction_static": 0.7}):
+        kw = calibrate.capture_engine_kwargs(given, 6000)
+        assert kw.get("max_total_tokens") == given.get("max_total_tokens")

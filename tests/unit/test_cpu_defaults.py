@@ -25,6 +25,10 @@ def test_gpu_decode_graphs_cover_the_larger_batches_a_budget_allows():
     assert "cuda_graph_max_bs_decode" not in default_overrides(given, ZipageConfig(), has_cuda=True)
     off = ZipageConfig(enabled=False)
     assert "cuda_graph_max_bs_decode" not in default_overrides({"model_path": "m"}, off, has_cuda=True)
+    # speculative decoding: SGLang's own graph sizes (a verify graph at batch 512 outgrew
+    # flashinfer's workspace on an H100, speculative-steady-cap512-attempt-h100.json)
+    spec = {"model_path": "m", "speculative_algorithm": "EAGLE3"}
+    assert "cuda_graph_max_bs_decode" not in default_overrides(spec, ZipageConfig(), has_cuda=True)
 
 
 def test_gpu_decode_graphs_grow_with_the_budget_range():
