@@ -10,14 +10,15 @@ holds; each serves a group of ``--group`` requests (the prefix plus a few tokens
 greedy, ``--max-new-tokens`` each, zipage in fixed mode at a budget that compacts several
 times, its loop guard off), one group after the other, in two rounds. In round 2 the first
 prefixes have left the device (the tree evicted them, write-through had copied them to host):
-their hits come from the host tier (meta_info cached_tokens_details). The same load runs on stock SGLang with the
-same flags (``--zipage-disable``'s engine) for the hit counts side by side.
+their hits come from the host tier (meta_info cached_tokens_details). The same load runs on
+stock SGLang with the same flags (``--zipage-disable``'s engine) for the hit counts side by
+side.
 
 Per request: cached_tokens_details, zipage_compactions, zipage_kv_len; the summary gives, per
 engine and round, the tokens hit on device and on host, the requests compressed, the most KV a
 request held against prompt + budget + buffer, and three checks (host hits in round 2, the
-same hits as stock's, every request compressed within the limit). SGLang's strict checker raises in the scheduler
-on a leaked or doubly freed slot, and the run fails.
+same hits as stock's, every request compressed within the limit). SGLang's strict checker
+raises in the scheduler on a leaked or doubly freed slot, and the run fails.
 
     source benchmarks/device_env.sh && python3 benchmarks/hicache_check.py --out $OUT/hicache.json
     # DeepSeek-V3's shape (MLA host pool): --model benchmarks/models/deepseek-v3 --attention-backend triton
