@@ -76,4 +76,6 @@ def running_cap_note(max_running: int, pool_tokens: int, config: ZipageConfig) -
     return (f"speculative decoding runs at most {max_running} requests (--max-running-requests; "
             f"SGLang sets 48 under speculative decoding when it is not given) where the "
             f"compressed pool holds about {holds} at budget {config.kv_budget} + buffer "
-            f"{config.buffer}: raise --max-running-requests to use the room compression makes")
+            f"{config.buffer}: raise --max-running-requests to use the room compression makes "
+            f"(with flashinfer, CUDA graphs past about 200 requests may not fit its workspace: "
+            f"--cuda-graph-max-bs-decode, docs/speculative.md)")

@@ -45,6 +45,6 @@ def test_a_running_cap_below_what_the_compressed_pool_holds_is_said_with_the_fla
     # 331,381 tokens at 256 + 64 hold 1035 requests: SGLang's 48 under speculative decoding binds
     note = speculative.running_cap_note(48, 331381, CALIBRATED)
     assert "at most 48 requests" in note and "about 1035" in note
-    assert "--max-running-requests" in note
+    assert "--max-running-requests" in note and "--cuda-graph-max-bs-decode" in note
     assert speculative.running_cap_note(1035, 331381, CALIBRATED) is None
     assert speculative.running_cap_note(None, 331381, CALIBRATED) is None
