@@ -69,20 +69,23 @@ def test_retraction_on_a_decode_server_loses_nothing(tmp_path):
     batch order, and once behind it stays behind); the first writes 60 tokens more, so the
     second ends before it on both servers and decodes every step beside it: the same batch
     composition for each of its tokens."""
-    plain = _decode_server(tmp_path / "plain.log", "calibrated")
-    try:
-        limit = plain.zipage_state()["budget_limit_tokens"]
-        base = _run(plain, LENGTHS)
-        assert_healthy(plain)
-    finally:
-        plain.stop(grace=5)
     env = {"SGLANG_TEST_RETRACT": "1", "SGLANG_TEST_RETRACT_INTERVAL": "30"}
-    retracting = _decode_server(tmp_path / "retract.log", "calibrated", env)
+    # (both at once, one core each: separate processes, the same batch on each)
+    with ThreadPoolExecutor(2) as ex:
+        starting = [ex.submit(_decode_server, tmp_path / "plain.log", "calibrated"),
+                    ex.submit(_decode_server, tmp_path / "retract.log", "calibrated", env)]
+    servers = [f.result() for f in starting if f.exception() is None]
     try:
-        outs = _run(retracting, LENGTHS)
+        assert len(servers) == 2, [f.exception() for f in starting]
+        plain, retracting = servers
+        limit = plain.zipage_state()["budget_limit_tokens"]
+        with ThreadPoolExecutor(2) as ex:
+            base, outs = ex.map(lambda s: _run(s, LENGTHS), servers)
+        assert_healthy(plain)
         assert_healthy(retracting)
     finally:
-        retracting.stop(grace=5)
+        for s in servers:
+            s.stop(grace=5)
     facts = _compressed_within(outs, limit, LENGTHS)
     assert [bool(f["num_retractions"]) for f in facts] == [False, True], facts
     assert outs[1]["output_ids"] == base[1]["output_ids"], facts
