@@ -123,10 +123,11 @@ def one_row(model: str, backend: str, args, work: Path) -> dict:
                                   # which the loop guard raises a budget by design)
                                   "--zipage-no-loop-guard",
                                   "--zipage-mode", "fixed", "--zipage-kv-budget",
-                                  str(args.budget), "--zipage-buffer", str(args.buffer)],
+                                  str(args.budget), "--zipage-buffer", str(args.buffer),
+                                  *args.decode_flags.split()],
                                  work / "decode.log", env=ENV)}
     row = {"model": model, "attention_backend": backend, "speculative": args.speculative or None,
-           "checks": {}}
+           "decode_flags": args.decode_flags or None, "checks": {}}
     t0 = time.monotonic()
     # one after the other: a server sizes itself from the memory free when it starts
     prefill = starts["prefill"]()
@@ -206,6 +207,8 @@ def main():
     ap.add_argument("--long", type=int, default=8)
     ap.add_argument("--long-out", type=int, default=2000)
     ap.add_argument("--turn-out", type=int, default=800)
+    ap.add_argument("--decode-flags", default="",
+                    help="more flags for the decode server (e.g. '--enable-hierarchical-cache')")
     ap.add_argument("--speculative", default="",
                     help="a draft-free algorithm on both servers (NEXTN on deepseek-v3: its MTP "
                          "layer), 3 steps, 4 draft tokens")
