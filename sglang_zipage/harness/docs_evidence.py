@@ -152,8 +152,13 @@ def speculative_coverage_table(root: str = ".", prefix: str = "") -> str:
                          acc.get("full", ""), acc.get("compressed", ""), acc.get("ratio", ""),
                          acc.get("compactions_per_request", "")])
         s = res["summary"]
+        # a row rerun in another device session says so (its "rerun": command, commit, card)
+        again = "".join(f"; the {r['family']} {r['kv_dtype']} row rerun in another session "
+                        f"({r['rerun']['gpu']}, commit {short_commit(r['rerun']['commit'])})"
+                        for r in res["rows"] if r.get("rerun"))
         runs.append(f"**{s['pass']} pass, {s['refused']} refused, {s['fail']} fail** "
-                    f"({res['gpu']}, commit {short_commit(res['commit'])}): {link(name, prefix)}")
+                    f"({res['gpu']}, commit {short_commit(res['commit'])}{again}): "
+                    f"{link(name, prefix)}")
     return (md_table(("family", "algorithm", "draft", "KV dtype", "attention", "page", "status",
                       "accept length, not compressed", "compressed", "ratio",
                       "compactions per request"), rows)
