@@ -45,7 +45,8 @@ import requests
 from sglang_zipage.harness.engines import MODELS, model_config, shape_override, vocab_size
 from sglang_zipage.harness.probe import loads
 from sglang_zipage.harness.record import command_line, git_commit, gpu_name, write_json
-from sglang_zipage.harness.server import STRICT_MEM_ENV, Server, free_port, mini_balancer, stop_process
+from sglang_zipage.harness.server import (PD_ENV, PD_TRANSFER, STRICT_MEM_ENV, Server, free_port,
+                                          mini_balancer, stop_process)
 
 
 def generate(url, ids, max_new_tokens, **body):
@@ -68,9 +69,7 @@ def healthy(server: Server) -> dict:
             "traceback": log[log.index("Traceback"):][:2000] if "Traceback" in log else None}
 
 
-# mooncake over TCP unless told otherwise: the lent GPU machines have no RDMA NIC (SGLang's
-# mooncake_tcp choice sets the same variable); the CUDA build stages GPU buffers itself
-ENV = {**STRICT_MEM_ENV, "MC_FORCE_TCP": os.environ.get("MC_FORCE_TCP", "1")}
+ENV = {**STRICT_MEM_ENV, **PD_ENV}
 
 
 def one_row(model: str, backend: str, args, work: Path) -> dict:
@@ -107,7 +106,7 @@ def one_row(model: str, backend: str, args, work: Path) -> dict:
               "--attention-backend", backend, "--sampling-backend", "pytorch",
               "--grammar-backend", "none", "--max-total-tokens", str(args.pool),
               "--mem-fraction-static", str(args.mem_fraction), "--random-seed", "0",
-              "--disaggregation-transfer-backend", "mooncake"]
+              *PD_TRANSFER]
     bootstrap = free_port()
     starts = {
         "prefill": lambda: Server([*common, "--disaggregation-mode", "prefill",

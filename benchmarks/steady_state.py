@@ -47,11 +47,11 @@ from sglang_zipage.harness.engines import DEFAULT_MODEL, TINY_NAME, model_config
 from sglang_zipage.harness.merge import WINDOW_KEYS, merge_steady, parse_spans, steady_summary
 from sglang_zipage.harness.rows import add_row
 from sglang_zipage.harness.record import REPO, command_line, git_commit, gpu_name, write_json
-from sglang_zipage.harness.server import OFFLINE_ENV, Server, free_port, mini_balancer, stop_process
+from sglang_zipage.harness.server import (OFFLINE_ENV, PD_ENV, PD_TRANSFER, Server, free_port,
+                                          mini_balancer, stop_process)
 from sglang_zipage.harness.windows import Sampler, log, progress_line, steady_window, with_times
 
 CHILD = "bench-serving-child"
-PD_TRANSFER = ["--disaggregation-transfer-backend", "mooncake"]
 NO_TOKEN_ERROR = "no output token before the window end (aborted while queued)"
 # sample key -> (Prometheus sample name, labels it must carry); summed over matching samples
 # (spec_accept_length: SGLang's gauge of the last logged decode stretch, 0 without speculative
@@ -376,7 +376,7 @@ class Run:
                    + ["--disaggregation-mode", "prefill", *PD_TRANSFER,
                       "--disaggregation-bootstrap-port", str(bootstrap)])
         decode = decode_flags + ["--disaggregation-mode", "decode", *PD_TRANSFER]
-        env = {**OFFLINE_ENV, "MC_FORCE_TCP": os.environ.get("MC_FORCE_TCP", "1")}
+        env = {**OFFLINE_ENV, **PD_ENV}
         # one after the other: a server sizes its pool from the memory free when it starts
         self.prefill = Server(prefill, self.base + "-prefill.log", env=env,
                               ready_timeout=self.args.server_timeout_s)

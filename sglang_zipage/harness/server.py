@@ -32,6 +32,11 @@ STRICT_CHECKS_ENV = {
 STRICT_MEM_ENV = {**STRICT_CHECKS_ENV, "SGLANG_DEBUG_MEMORY_POOL": "1"}
 # Nothing from a model hub: dummy weights, local tokenizers.
 OFFLINE_ENV = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
+# A PD pair's KV transfer: mooncake, over TCP unless MC_FORCE_TCP=0 is set (the CPU and the lent
+# GPU machines have no RDMA device; SGLang's mooncake_tcp choice sets the same variable; the
+# CUDA build stages GPU buffers itself).
+PD_TRANSFER = ["--disaggregation-transfer-backend", "mooncake"]
+PD_ENV = {"MC_FORCE_TCP": os.environ.get("MC_FORCE_TCP", "1")}
 LAUNCHER = ["-m", "sglang_zipage.launch_server"]
 BIND_FAILED = "address already in use"
 

@@ -24,7 +24,7 @@ import pytest
 import requests
 
 from sglang_zipage.harness.probe import loads
-from sglang_zipage.harness.server import STRICT_MEM_ENV, Server, free_port
+from sglang_zipage.harness.server import PD_ENV, PD_TRANSFER, STRICT_MEM_ENV, Server, free_port
 from zipage_server import COMMON_ARGS, ZIPAGE_ARGS, assert_healthy, router
 
 OUT = 140
@@ -33,8 +33,8 @@ LONG = 400
 # fits beside SGLang's 512 reserved decode tokens, so its pool is larger than the session
 # server's (COMMON_ARGS: 640 tokens); where a request's KV sits does not change its tokens.
 POOL = ["--max-total-tokens", "1024"]
-ENV = {**STRICT_MEM_ENV, "MC_FORCE_TCP": "1"}  # mooncake over TCP: no RDMA device here
-MOONCAKE = ["--disaggregation-transfer-backend", "mooncake"]
+ENV = {**STRICT_MEM_ENV, **PD_ENV}  # mooncake over TCP: no RDMA device here
+MOONCAKE = PD_TRANSFER
 
 
 @pytest.fixture(scope="module")
