@@ -44,7 +44,7 @@ import traceback
 from concurrent.futures import ThreadPoolExecutor
 
 from sglang_zipage import segments
-from sglang_zipage.harness import probe
+from sglang_zipage.harness import engines, probe
 from sglang_zipage.harness.engines import (MODELS, dummy_engine_kwargs, model_config,
                                            shape_override, vocab_size, zipage_kwargs)
 from sglang_zipage.harness.record import command_line, git_commit, gpu_name, write_json
@@ -157,13 +157,8 @@ def write_config(cfg, name: str) -> str:
     """A folder of the temp dir's zipage-coverage-models holding ``cfg`` as its config.json."""
     import tempfile
 
-    out = os.path.join(tempfile.gettempdir(), "zipage-coverage-models", name)
-    os.makedirs(out, exist_ok=True)
-    tmp = os.path.join(out, f"config.json.{os.getpid()}")
-    with open(tmp, "w") as f:
-        json.dump(cfg, f, indent=1)
-    os.replace(tmp, os.path.join(out, "config.json"))  # rows side by side write the same
-    return out
+    return engines.write_config(cfg, os.path.join(tempfile.gettempdir(),
+                                                  "zipage-coverage-models", name))
 
 
 def eagle3_draft(row) -> str:

@@ -42,7 +42,8 @@ from pathlib import Path
 
 import requests
 
-from sglang_zipage.harness.engines import MODELS, model_config, shape_override, vocab_size
+from sglang_zipage.harness.engines import (MODELS, model_config, shape_override, vocab_size,
+                                           write_config)
 from sglang_zipage.harness.probe import loads
 from sglang_zipage.harness.record import command_line, git_commit, gpu_name, write_json
 from sglang_zipage.harness.server import (PD_ENV, PD_TRANSFER, STRICT_MEM_ENV, Server, free_port,
@@ -86,11 +87,9 @@ def one_row(model: str, backend: str, args, work: Path) -> dict:
         # both servers draft (the prefill server sends the first draft's inputs with the KV);
         # the draft reads the target's folder, and SGLang would apply the override to the
         # draft's config as well: the changed config is written into a folder of its own
-        path = str(work / "model")
-        os.makedirs(path, exist_ok=True)
-        with open(os.path.join(path, "config.json"), "w") as f:
-            json.dump({**model_config(os.path.join(MODELS, model)),
-                       **shape_override(os.path.join(MODELS, model), args.layers)}, f)
+        path = write_config({**model_config(os.path.join(MODELS, model)),
+                             **shape_override(os.path.join(MODELS, model), args.layers)},
+                            str(work / "model"))
         shape = []
         # speculative decoding runs the calibrated scorer: the written model's statistics,
         # measured as a user would (into the model's folder, found there by default)

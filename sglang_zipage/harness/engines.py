@@ -67,6 +67,18 @@ def model_config(model_dir: str) -> Dict:
         return json.load(f)
 
 
+def write_config(cfg: Dict, folder: str) -> str:
+    """``folder`` (made if missing) holding ``cfg`` as its config.json, written whole (runs side
+    by side may write the same folder). A model whose changed shape a speculative draft must
+    read too needs one: SGLang applies --json-model-override-args to the draft's config as well."""
+    os.makedirs(folder, exist_ok=True)
+    tmp = os.path.join(folder, f"config.json.{os.getpid()}")
+    with open(tmp, "w") as f:
+        json.dump(cfg, f, indent=1)
+    os.replace(tmp, os.path.join(folder, "config.json"))
+    return folder
+
+
 def vocab_size(model_dir: str) -> int:
     return model_config(model_dir)["vocab_size"]
 
