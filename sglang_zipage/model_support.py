@@ -54,10 +54,7 @@ def refusals(facts: dict, config: ZipageConfig, server_args) -> List[str]:
     bad += _memory_refusals(facts, config, server_args)
     if facts["hybrid_swa"] and config.async_compaction:
         bad.append(async_on_hybrid_swa(arch))
-    # (a PD prefill server decodes nothing and scores nothing: its decode server's statistics
-    # are checked there)
-    if config.scorer == "calibrated" and getattr(server_args, "disaggregation_mode",
-                                                 "null") != "prefill":
+    if config.scorer == "calibrated":
         bad += _calibrated_refusals(facts, config, server_args.model_path)
     return bad
 

@@ -86,6 +86,10 @@ def incompatibilities(server_args, config: ZipageConfig, invalid=()) -> List[str
     if not config.enabled:
         return []
     a, bad = server_args, list(invalid)
+    if a.disaggregation_mode == "prefill":
+        # A PD prefill server decodes nothing: it runs SGLang's own scheduler (hooks.install),
+        # so nothing zipage refuses applies to it (its decode server is checked there).
+        return bad + ["pass --zipage-disable to run stock SGLang with these settings"] if bad else []
     for name in ("attention_backend", "decode_attention_backend"):
         v = getattr(a, name, None)
         if v is not None and v not in SUPPORTED_BACKENDS:

@@ -139,6 +139,11 @@ def test_a_pd_decode_server_names_what_it_cannot_compress_yet(clean_env):
     prefill server starts as SGLang's own scheduler; the decode server's KV offload to
     storage is refused by name with the reason, and the way out."""
     assert _refusal("--disaggregation-mode", "prefill") is None
+    # nothing of zipage runs on a prefill server, so nothing is refused there: neither a
+    # feature zipage cannot compress beside nor statistics only its decode server reads
+    assert _refusal("--disaggregation-mode", "prefill", "--enable-mixed-chunk", "--model-path",
+                    str(REPO / "benchmarks/models/qwen3-8b-dummy"), "--zipage-scorer",
+                    "calibrated") is None
     assert _refusal("--disaggregation-mode", "decode",
                     "--disaggregation-transfer-backend", "fake") is None
     msg = _refusal("--disaggregation-mode", "decode", "--hicache-storage-backend", "file",

@@ -74,11 +74,6 @@ def test_a_server_finds_its_statistics_or_is_refused_with_the_command(tmp_path):
     (msg,) = model_support.refusals(f, ZipageConfig(kv_budget=256, buffer=64, scorer="calibrated",
                                                     query_stats=str(wrong)), server)
     assert "calibrate it" in msg and "(36, 8, 128)" in msg and "(36, 32, 128)" in msg
-    # a PD prefill server scores nothing: statistics of another shape (a benchmark's layer
-    # override beside the full model's file, seen on an H100) are the decode server's concern
-    prefill = SimpleNamespace(**{**vars(server), "disaggregation_mode": "prefill"})
-    assert model_support.refusals(f, ZipageConfig(kv_budget=256, buffer=64, scorer="calibrated",
-                                                  query_stats=str(wrong)), prefill) == []
     # MLA: a query row is q_nope | q_rope (128 + 64 for DeepSeek V3), before absorption
     mla = model_support.model_facts(str(MODELS / "deepseek-v3"))
     assert mla["mla"] and (mla["query_heads"], mla["query_width"]) == (128, 192)
