@@ -148,6 +148,9 @@ NOTES = {
         "zipage past its 512 decode graphs ran eagerly; rerun with graphs: the -graphs row",
     "steady-16k-r05-warm-prompt-min1024-h200.json": "before A1c's cycle booking; the -a1c row "
                                                     "replaces it",
+    "steady-8k-r05-warm-prompt-min1024-spec-pair-h100.json":
+        "speculative decoding on both (STANDALONE, a 2-layer dummy draft: accept length 1.0 on "
+        "both), `--max-running-requests 512 --cuda-graph-max-bs-decode 192` on both",
     "steady-pair-cpu-tiny.json": "2-layer tiny model on a 2-core CPU (a step costs per request)",
     "steady-pair-cpu-tiny-min32.json": "2-layer tiny model on a 2-core CPU (a step costs per "
                                        "request)",
