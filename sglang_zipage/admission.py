@@ -103,6 +103,26 @@ class Admission:
                 self.book(r, budget, booking)
         return booking
 
+    def single_request_room(self, reqs) -> int:
+        """What a PD decode server keeps free so that the largest running request could end
+        alone were all the others retracted (SGLang: max over them of prompt +
+        min(max_new_tokens, CLIP_MAX_NEW_TOKENS), less the tokens they all hold). A
+        compressing request ends within its limit: its own need is the columns it holds plus
+        what it may still add before its footprint stops growing; each holds its columns, not
+        its logical length. One that does not compress keeps SGLang's need."""
+        needs = []
+        for r in reqs:
+            budget = self.compresses(r)
+            if budget is None:
+                needs.append(len(r.origin_input_ids)
+                             + min(r.sampling_params.max_new_tokens, self.stock_clip))
+                continue
+            remaining = max(0, r.sampling_params.max_new_tokens - len(r.output_ids))
+            rise = budget.reserve(request_state.suffix_len(r, budget), remaining)
+            needs.append(r.kv_committed_len + rise + self.tokens_per_step - 1
+                         + self.speculative_reserve)
+        return max(needs, default=0) - sum(r.kv_committed_len for r in reqs)
+
     def newcomer(self, req) -> Optional[Tuple[int, int, int]]:
         """A1's (g, r, d) of a waiting request once admitted (its suffix starts with the
         output it already has, a retracted request's), or None if it does not compress."""

@@ -146,7 +146,8 @@ def _pd_decode_hook_table():
         ("disaggregation.decode.DecodePreallocQueue._rebootstrap_prefill_len", T.AROUND,
          sh.decode_newcomer_charge, "the pass asks it first of each newcomer (L1011)"),
         ("disaggregation.decode.DecodePreallocQueue._need_space_for_single_req", T.AROUND,
-         sh.decode_running_estimate, "the running requests keep SGLang's estimate (L1321)"),
+         sh.decode_single_request_room, "room for the largest running request to end alone: "
+         "a compressing one's ends at its limit, not at prompt + max_new_tokens (L1315)"),
         ("disaggregation.decode.DecodePreallocQueue._swa_aware_allocatable_token_budgets",
          T.AROUND, sh.decode_running_estimate, "and with sliding-window layers (L1444)"),
     ]

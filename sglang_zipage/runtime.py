@@ -230,6 +230,11 @@ class ZipageRuntime:
         fresh slots of compactions not yet in flight."""
         return growths.peak() + self.shadows.reserve()
 
+    def single_request_room(self, running_reqs) -> int:
+        """A PD decode server's room for its largest running request to end alone
+        (admission.Admission.single_request_room)."""
+        return self.admission.single_request_room([r for r in running_reqs if not r.finished()])
+
     def new_request_charge(self, growths, req) -> int:
         """SGLang's output estimate for a waiting request (CLIP_MAX_NEW_TOKENS while SGLang
         considers it): what it adds to the peak of ``growths``, or SGLang's own clip."""

@@ -332,6 +332,16 @@ def decode_newcomer_charge(original, req):
     return n
 
 
+def decode_single_request_room(original, queue, retractable_tokens=None):
+    """SGLang keeps room for its largest running request to end alone, as if every other one
+    were retracted (L1315): a compressing request's own need ends at its limit, and the
+    requests hold their columns (runtime.single_request_room). Outside an admission pass, or
+    where SGLang asks for none, its own."""
+    if _DECODE_PASS is None or retractable_tokens is None:
+        return decode_running_estimate(original, queue, retractable_tokens)
+    return RUNTIME.single_request_room(queue.scheduler.running_batch.reqs)
+
+
 def decode_running_estimate(original, queue, *args, **kwargs):
     """What the running requests may still need stays SGLang's estimate within the pass."""
     if _DECODE_PASS is None:

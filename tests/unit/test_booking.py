@@ -316,3 +316,42 @@ def test_a_speculative_step_needs_what_sglang_allocates_for_it(monkeypatch):
     sglang = schedule_batch.ScheduleBatch._new_tokens_required_next_decode_spec_v2(None, reqs, 1)
     assert 0 < Admission(None, speculative_reserve=reserve).step_slots(reqs, 1) == sglang
     assert Admission(None).step_slots(reqs, 16) == 40 * 16
+
+
+def test_a_decode_server_keeps_room_for_its_largest_request_to_end_alone_at_its_limit():
+    """SGLang's PD decode server admits a newcomer only beside room for its largest running
+    request to end alone, the others retracted (DecodePreallocQueue._need_space_for_single_req:
+    prompt + min(max_new_tokens, 4096), less what they all hold). A request that does not
+    compress keeps SGLang's number; a compressing one needs the columns it holds plus what it
+    may still add before its limit, and each holds its columns, not its logical length."""
+    from types import SimpleNamespace
+
+    from sglang.srt.disaggregation.decode import DecodePreallocQueue
+
+    from sglang_zipage.admission import Admission
+    from sglang_zipage.request_state import ReqState
+
+    budget = Budget(64, 16, 16)  # limit 80
+
+    def req(prompt, out, max_new, columns=None):
+        return SimpleNamespace(origin_input_ids=[0] * prompt, output_ids=[1] * out,
+                               kv_committed_len=prompt + out if columns is None else columns,
+                               zipage=ReqState(c0=prompt), finished=lambda: False,
+                               sampling_params=SimpleNamespace(max_new_tokens=max_new))
+
+    def sglang(reqs):
+        queue = SimpleNamespace(scheduler=SimpleNamespace(running_batch=SimpleNamespace(reqs=reqs)))
+        held = sum(len(r.origin_input_ids) + len(r.output_ids) for r in reqs)
+        return DecodePreallocQueue._need_space_for_single_req(queue, held)
+
+    plain = [req(17, 30, 1100), req(17, 5, 200)]
+    assert Admission(lambda r: None).single_request_room(plain) == sglang(plain) == 1117 - 69
+    # the first has written 300 tokens and holds 17 + 50 columns: it may add 30 more before
+    # its compaction, the second (5 written) 75; both end within 17 + 80
+    running = [req(17, 300, 1100, columns=67), req(17, 5, 200)]
+    assert Admission(lambda r: budget).single_request_room(running) == 97 - (67 + 22)
+    assert sglang(running) == 1117 - 339  # SGLang's: the first's 1100 tokens, logically
+    # a short request ends before its limit: its need is its own end
+    short = [req(17, 5, 20)]
+    assert Admission(lambda r: budget).single_request_room(short) == 17 + 20 - 22
+    assert Admission(lambda r: budget).single_request_room([]) == 0
