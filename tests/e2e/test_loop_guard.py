@@ -2,8 +2,8 @@
 larger budget; one that does not repeat never does.
 
 Both requests are teacher-forced (zipage_server.force), so what they write is fixed: one
-writes 300 tokens that never repeat an 8-gram, then a 13-token phrase over and over; the other
-800 tokens that never repeat. The session's zipage server (budget 64 + buffer 16, fixed mode,
+writes 200 tokens that never repeat an 8-gram, then a 13-token phrase over and over; the other
+600 tokens that never repeat. The session's zipage server (budget 64 + buffer 16, fixed mode,
 the guard on by default) compacts both every 16 tokens; the guard watches their last 400
 tokens every 32. Checked: the looping request's budget was raised (meta_info
 zipage_loop_guard, /server_info loop_guard_triggers, Prometheus) and it ends holding more than
@@ -18,7 +18,7 @@ import requests
 
 from zipage_server import assert_healthy, force, token_ids
 
-OUT, LOOP_FROM, PERIOD = 800, 300, 13
+OUT, LOOP_FROM, PERIOD = 600, 200, 13
 
 
 def _references():
