@@ -85,11 +85,19 @@ def incompatibilities(server_args, config: ZipageConfig, invalid=()) -> List[str
     ``invalid``: what validating the config found (launch_server.prepare, Engine)."""
     if not config.enabled:
         return []
-    a, bad = server_args, list(invalid)
-    if a.disaggregation_mode == "prefill":
-        # A PD prefill server decodes nothing: it runs SGLang's own scheduler (hooks.install),
-        # so nothing zipage refuses applies to it (its decode server is checked there).
-        return bad + ["pass --zipage-disable to run stock SGLang with these settings"] if bad else []
+    bad = list(invalid)
+    if server_args.disaggregation_mode != "prefill":
+        # (a PD prefill server decodes nothing: it runs SGLang's own scheduler, hooks.install,
+        # so nothing zipage refuses applies to it; its decode server is checked there)
+        bad += refusals(server_args, config)
+    if bad:
+        bad.append("pass --zipage-disable to run stock SGLang with these settings")
+    return bad
+
+
+def refusals(server_args, config: ZipageConfig) -> List[str]:
+    """What zipage cannot run beside on a server that decodes."""
+    a, bad = server_args, []
     for name in ("attention_backend", "decode_attention_backend"):
         v = getattr(a, name, None)
         if v is not None and v not in SUPPORTED_BACKENDS:
@@ -110,8 +118,6 @@ def incompatibilities(server_args, config: ZipageConfig, invalid=()) -> List[str
     bad += pd_refusals(a)
     bad += speculative.refusals(a, config)
     bad += model_refusals(a, config)
-    if bad:
-        bad.append("pass --zipage-disable to run stock SGLang with these settings")
     return bad
 
 
