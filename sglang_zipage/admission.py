@@ -80,7 +80,7 @@ class Admission:
     def book(self, req, budget: Budget, booking: Booking) -> None:
         """A running compressing request into ``booking``: A1's (g, r, d), or, holding at
         least its budget and at most its limit, A1c's first drop beside (0, r, budget)."""
-        remaining = max(0, req.sampling_params.max_new_tokens - len(req.output_ids))
+        remaining = request_state.remaining_tokens(req)
         suffix = request_state.suffix_len(req, budget)
         if self.speculative_reserve:
             booking.fixed += max(0, self.speculative_reserve - request_state.in_flight(req))
@@ -117,7 +117,7 @@ class Admission:
                 needs.append(len(r.origin_input_ids)
                              + min(r.sampling_params.max_new_tokens, self.stock_clip))
                 continue
-            remaining = max(0, r.sampling_params.max_new_tokens - len(r.output_ids))
+            remaining = request_state.remaining_tokens(r)
             rise = budget.reserve(request_state.suffix_len(r, budget), remaining)
             needs.append(r.kv_committed_len + rise + self.tokens_per_step - 1
                          + self.speculative_reserve)
@@ -129,7 +129,7 @@ class Admission:
         budget = self.budget_of(req)
         if budget is None:
             return None
-        remaining = max(0, req.sampling_params.max_new_tokens - len(req.output_ids))
+        remaining = request_state.remaining_tokens(req)
         return self._rise(budget, len(req.output_ids), remaining, 0)
 
     def marginal(self, growths: Booking, req) -> Optional[int]:

@@ -289,5 +289,4 @@ class Planner:
 
 def demand(batch) -> int:
     """Tokens the running requests may still write at full KV."""
-    return sum(max(0, r.sampling_params.max_new_tokens - len(r.output_ids))
-               for r in batch.reqs if not r.finished())
+    return sum(request_state.remaining_tokens(r) for r in batch.reqs if not r.finished())

@@ -171,6 +171,11 @@ def suffix_len(req, budget) -> int:
     return max(0, req.kv_committed_len - c0)
 
 
+def remaining_tokens(req) -> int:
+    """Output tokens the request may still write."""
+    return max(0, req.sampling_params.max_new_tokens - len(req.output_ids))
+
+
 def in_flight(req) -> int:
     """Columns allocated past the committed ones: speculative decoding's reserve, which the
     step in flight writes its draft and verify tokens into (0 without it: a decode step
