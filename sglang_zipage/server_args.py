@@ -124,7 +124,8 @@ def refusals(server_args, config: ZipageConfig) -> List[str]:
 def pd_refusals(server_args) -> List[str]:
     """PD disaggregation: the decode server compresses (docs/scale-out.md); a prefill server
     decodes nothing, so it runs SGLang's own scheduler (hooks.install), with zipage's request
-    options accepted. What a decode server cannot run yet, by name."""
+    options accepted. What a decode server cannot run yet, by name (speculative decoding there:
+    speculative.refusals; HiCache there runs, benchmarks/results/pd-check-hicache-h100.json)."""
     a = server_args
     if a.disaggregation_mode != "decode":
         return []
@@ -133,11 +134,6 @@ def pd_refusals(server_args) -> List[str]:
          "--disaggregation-decode-enable-offload-kvcache",
          "it stores a request's KV to host by token position, which a compressed request no "
          "longer holds"),
-        (a.speculative_algorithm is not None, f"--speculative-algorithm "
-         f"{a.speculative_algorithm} on a decode server", "not validated yet"),
-        (a.enable_hierarchical_cache, "--enable-hierarchical-cache on a decode server",
-         "not tried yet (its host prefetch gates the decode server's admission, beside "
-         "zipage's admission hooks there)"),
     ]
     return [f"{flag} is not supported with zipage yet: {why}" for cond, flag, why in checks if cond]
 

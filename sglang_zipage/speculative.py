@@ -16,6 +16,10 @@ from typing import List, Optional
 from sglang_zipage.config import ZipageConfig
 
 SUPPORTED = ("EAGLE", "EAGLE3", "NEXTN", "STANDALONE", "NGRAM")
+# On a PD decode server SGLang builds the first draft's input from what the prefill server sends
+# for EAGLE-family drafts only (ScheduleBatch's build_disagg_draft_input); NEXTN ran there with
+# compression (benchmarks/results/pd-check-spec-h100.json). The others have not been tried.
+ON_A_DECODE_SERVER = ("EAGLE", "EAGLE3", "NEXTN")
 
 
 def refusals(server_args, config: ZipageConfig) -> List[str]:
@@ -43,6 +47,11 @@ def refusals(server_args, config: ZipageConfig) -> List[str]:
         bad.append(f"{flag} with multi-layer EAGLE (--enable-multi-layer-eagle, forced on for "
                    f"MiMo-V2 and Step-3.5): one draft pool and one boundary stash per step, "
                    f"which zipage's compactions do not move yet")
+    if (getattr(server_args, "disaggregation_mode", None) == "decode"
+            and str(algorithm).upper() not in ON_A_DECODE_SERVER):
+        bad.append(f"{flag} on a PD decode server: not tried (SGLang's decode server builds "
+                   f"the first draft's input from the prefill server for "
+                   f"{', '.join(ON_A_DECODE_SERVER)} only)")
     return bad
 
 

@@ -137,7 +137,8 @@ def test_a_model_it_cannot_compress_is_refused_by_name_before_loading():
 def test_a_pd_decode_server_names_what_it_cannot_compress_yet(clean_env):
     """PD disaggregation: the decode server compresses (tests/e2e/test_pd_pair.py), the
     prefill server starts as SGLang's own scheduler; the decode server's KV offload to
-    storage is refused by name with the reason, and the way out."""
+    storage is refused by name with the reason, and the way out; HiCache is not refused there
+    (only on the CPU)."""
     assert _refusal("--disaggregation-mode", "prefill") is None
     # nothing of zipage runs on a prefill server, so nothing is refused there: neither a
     # feature zipage cannot compress beside nor statistics only its decode server reads
@@ -150,6 +151,7 @@ def test_a_pd_decode_server_names_what_it_cannot_compress_yet(clean_env):
                    "--disaggregation-decode-enable-offload-kvcache")
     assert "--disaggregation-decode-enable-offload-kvcache is not supported with zipage yet" in msg
     assert "--zipage-disable" in msg
+    # HiCache on a decode server runs (pd-check-hicache-h100.json): here only the CPU is named
     msg = _refusal("--disaggregation-mode", "decode", "--disaggregation-decode-enable-radix-cache",
                    "--enable-hierarchical-cache")
-    assert "--enable-hierarchical-cache on a decode server is not supported with zipage" in msg
+    assert "--enable-hierarchical-cache on the CPU" in msg and "decode server" not in msg

@@ -14,9 +14,10 @@ from sglang_zipage.config import ZipageConfig
 CALIBRATED = ZipageConfig(kv_budget=256, buffer=64, scorer="calibrated")
 
 
-def server(algorithm, page_size=1, multi_layer=False):
+def server(algorithm, page_size=1, multi_layer=False, disaggregation_mode="null"):
     return SimpleNamespace(speculative_algorithm=algorithm, page_size=page_size,
-                           enable_multi_layer_eagle=multi_layer)
+                           enable_multi_layer_eagle=multi_layer,
+                           disaggregation_mode=disaggregation_mode)
 
 
 @pytest.mark.parametrize("algorithm", speculative.SUPPORTED)
@@ -29,6 +30,20 @@ def test_the_supported_algorithms_run_with_the_calibrated_scorer(algorithm):
 def test_a_draft_whose_kv_is_not_followed_is_refused_by_name(algorithm):
     (msg,) = speculative.refusals(server(algorithm), CALIBRATED)
     assert msg.startswith(f"--speculative-algorithm {algorithm}:") and "NGRAM" in msg
+
+
+@pytest.mark.parametrize("algorithm", speculative.SUPPORTED)
+def test_a_pd_decode_server_runs_the_eagle_family_and_names_the_others(algorithm):
+    """SGLang's decode server builds the first draft's input for EAGLE-family drafts (NEXTN
+    ran there, pd-check-spec-h100.json); STANDALONE and NGRAM there are refused as untried."""
+    msgs = speculative.refusals(server(algorithm, disaggregation_mode="decode"), CALIBRATED)
+    if algorithm in ("EAGLE", "EAGLE3", "NEXTN"):
+        assert msgs == []
+    else:
+        (msg,) = msgs
+        assert msg.startswith(f"--speculative-algorithm {algorithm} on a PD decode server")
+    # a prefill server never reaches these checks (server_args.incompatibilities)
+    assert speculative.refusals(server(algorithm, disaggregation_mode="null"), CALIBRATED) == []
 
 
 def test_each_unsupported_setting_is_named():
