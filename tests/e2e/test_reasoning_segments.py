@@ -53,8 +53,8 @@ def test_the_answer_is_never_evicted_while_the_thinking_compresses(reasoning_ser
     # answer columns written, marker included: all but the last token, whose KV the overlap
     # scheduler may write too (one more forward runs as the request finishes)
     answer = out - 1 - THINK
-    recs = [force(srv, [prompt], [ref], tmp_path / str(i), **extra)[0] for i, (ref, extra) in
-            enumerate(zip(refs, [{}, {"zipage_answer_budget": 0}, {"zipage_think_end": ""}]))]
+    recs = force(srv, [prompt] * 3, refs, tmp_path,
+                 per_request=[{}, {"zipage_answer_budget": 0}, {"zipage_think_end": ""}])
     default, kept, unprotected = (r["meta_info"] for r in recs)
     limit = srv.zipage_state()["budget_limit_tokens"]  # 64 + 16
     for meta in (default, kept, unprotected):

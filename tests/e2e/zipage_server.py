@@ -62,9 +62,10 @@ def token_ids(text: str):
     return _tokenizer().encode(text)
 
 
-def force(server, prompt_ids, refs, rec_dir, **sampling):
+def force(server, prompt_ids, refs, rec_dir, per_request=None, **sampling):
     """Teacher forcing through the server's real decode (sglang_zipage.forcing; the server
-    needs --enable-custom-logit-processor): request i decodes refs[i] token by token. Returns
+    needs --enable-custom-logit-processor): request i decodes refs[i] token by token, all in one
+    batch, with ``sampling`` and its own ``per_request[i]`` options. Returns
     one record per request: per step the raw log-probability of the reference token
     (``logprob``), the top-1 token (``top1``) and the compactions before it
     (``compactions_before``), plus the response's ``meta_info``."""
@@ -74,8 +75,8 @@ def force(server, prompt_ids, refs, rec_dir, **sampling):
     rec_dir.mkdir(parents=True, exist_ok=True)
     keys = [f"{os.getpid()}-{time.monotonic_ns()}-{i}" for i in range(len(refs))]
     params = [{"temperature": 0, "max_new_tokens": len(ref), "ignore_eos": True, **sampling,
-               "custom_params": {"ref": list(ref), "out": str(rec_dir), "key": key}}
-              for ref, key in zip(refs, keys)]
+               **own, "custom_params": {"ref": list(ref), "out": str(rec_dir), "key": key}}
+              for ref, key, own in zip(refs, keys, per_request or [{}] * len(refs))]
     outs = server.generate_ids(prompt_ids, params,
                                custom_logit_processor=[ForceReference.to_str()] * len(refs))
     records = []
