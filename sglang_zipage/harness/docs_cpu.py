@@ -135,3 +135,38 @@ def soak_table(root: str = ".", prefix: str = "") -> str:
                          or "-"))
     return md_table(("file", "which runs", "runs", "requests", "errors", "leaked slots",
                      "runs that killed the server", "commit"), rows)
+
+
+SWEEP = ("fidelity-sweep-cpu.json", "fidelity-sweep-lower-cpu.json")
+
+
+def smallest_matching_budget(results: List[Dict]) -> Dict:
+    """The smallest budget fraction at which the calibrated scorer's NLL ratio (engine) is at
+    most the window scorer's at 25%, from one sweep's rows; None where none is."""
+    window = next(r for r in results if r["variant"] == "window" and r["budget_frac"] == 0.25)
+    ok = sorted((r for r in results if r["variant"] == "calibrated"
+                 and r["nll_ratio"] <= window["nll_ratio"]), key=lambda r: r["budget_frac"])
+    return {"window": window, "calibrated": ok[0] if ok else None}
+
+
+def budget_sweep_table(root: str = ".", prefix: str = "") -> str:
+    """The calibrated scorer below 25% against the window scorer at 25% (engine, one CPU
+    session, the full-KV run shared through run_fidelity.py --resume)."""
+    runs = [load_json(root, name) for name in SWEEP]
+    results = [r for res in runs for r in res["results"] if r["impl"] == "engine"]
+    rows = [(f"{100 * r['budget_frac']:g}% ({r['budget_tokens']})", r["variant"], _nll(r),
+             f"{r['top1_agreement']:.3f}", link(name, prefix))
+            for name, res in zip(SWEEP, runs) for r in res["results"] if r["impl"] == "engine"]
+    rows.sort(key=lambda row: (row[1], float(row[0].split("%")[0])))
+    best = smallest_matching_budget(results)
+    cfg, cal = runs[0]["config"], best["calibrated"]
+    found = (f"the smallest calibrated budget at or below the window scorer's ratio at 25% "
+             f"({best['window']['nll_ratio']:.4f}) is {100 * cal['budget_frac']:g}% "
+             f"({cal['nll_ratio']:.4f}): a 2048-token window budget's fidelity at "
+             f"{round(2048 * cal['budget_frac'] / 0.25)} tokens" if cal else
+             "no calibrated budget below 25% reaches the window scorer's ratio at 25%")
+    return (md_table(("budget", "scorer", "engine NLL ratio [95% CI]", "top-1 agreement",
+                      "file"), rows)
+            + f"\n\n{cfg['n_texts']} texts x {cfg['cont_len']} teacher-forced tokens, the engine "
+            f"on {runs[0]['device']}, commit "
+            f"{', '.join(sorted({short_commit(r['git_sha']) for r in runs}))}; {found}.")

@@ -49,6 +49,7 @@ BLOCKS: Dict[str, Callable[[str, str], str]] = {
     "results-admission": cpu.admission_table,
     "results-fidelity-cpu": cpu.fidelity_cpu_table,
     "results-self-forced": cpu.self_forced_table,
+    "results-budget-sweep": cpu.budget_sweep_table,
     "reasoning-loop-guard": cpu.loop_guard_table,
     "flags-zipage": lambda root, p: fl.zipage_flags_table(),
     "flags-launcher-defaults": lambda root, p: fl.launcher_defaults_table(),
