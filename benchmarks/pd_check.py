@@ -23,7 +23,10 @@ pools, and a verdict per check.
         --rows qwen3-8b-dummy:flashinfer,deepseek-v3:triton
 
 ``--speculative NEXTN`` runs both servers with DeepSeek's MTP drafts (``--rows
-deepseek-v3:triton``); zipage refuses speculative decoding on a decode server until this passes.
+deepseek-v3:triton``), the decode server without its tree (SGLang refuses it beside speculative
+decoding), so without the second-turn check (passed on an H100: pd-check-spec-h100.json).
+``--decode-flags "--enable-hierarchical-cache --hicache-ratio 2"`` tries HiCache on the decode
+server (pd-check-hicache-h100.json).
 """
 
 from __future__ import annotations

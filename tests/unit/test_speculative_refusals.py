@@ -42,7 +42,7 @@ def test_a_pd_decode_server_runs_the_eagle_family_and_names_the_others(algorithm
     else:
         (msg,) = msgs
         assert msg.startswith(f"--speculative-algorithm {algorithm} on a PD decode server")
-    # a prefill server never reaches these checks (server_args.incompatibilities)
+    # outside PD every supported algorithm runs
     assert speculative.refusals(server(algorithm, disaggregation_mode="null"), CALIBRATED) == []
 
 
