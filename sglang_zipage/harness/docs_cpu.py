@@ -153,12 +153,12 @@ def budget_sweep_table(root: str = ".", prefix: str = "") -> str:
     """The calibrated scorer below 25% against the window scorer at 25% (engine, one CPU
     session, the full-KV run shared through run_fidelity.py --resume)."""
     runs = [load_json(root, name) for name in SWEEP]
-    results = [r for res in runs for r in res["results"] if r["impl"] == "engine"]
+    engine = sorted(((name, r) for name, res in zip(SWEEP, runs) for r in res["results"]
+                     if r["impl"] == "engine"),
+                    key=lambda nr: (nr[1]["variant"], nr[1]["budget_frac"]))
     rows = [(f"{100 * r['budget_frac']:g}% ({r['budget_tokens']})", r["variant"], _nll(r),
-             f"{r['top1_agreement']:.3f}", link(name, prefix))
-            for name, res in zip(SWEEP, runs) for r in res["results"] if r["impl"] == "engine"]
-    rows.sort(key=lambda row: (row[1], float(row[0].split("%")[0])))
-    best = smallest_matching_budget(results)
+             f"{r['top1_agreement']:.3f}", link(name, prefix)) for name, r in engine]
+    best = smallest_matching_budget([r for _, r in engine])
     cfg, cal = runs[0]["config"], best["calibrated"]
     found = (f"the smallest calibrated budget at or below the window scorer's ratio at 25% "
              f"({best['window']['nll_ratio']:.4f}) is {100 * cal['budget_frac']:g}% "
