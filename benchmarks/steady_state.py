@@ -49,7 +49,8 @@ from sglang_zipage.harness.rows import add_row
 from sglang_zipage.harness.record import REPO, command_line, git_commit, gpu_name, write_json
 from sglang_zipage.harness.server import (OFFLINE_ENV, PD_ENV, PD_TRANSFER, Server, free_port,
                                           mini_balancer, stop_process)
-from sglang_zipage.harness.windows import Sampler, log, progress_line, steady_window, with_times
+from sglang_zipage.harness.windows import (Sampler, log, pd_failures, progress_line, steady_window,
+                                           with_times)
 
 CHILD = "bench-serving-child"
 NO_TOKEN_ERROR = "no output token before the window end (aborted while queued)"
@@ -63,6 +64,9 @@ PROM_COUNTERS = {
     "retracted_output_tokens": ("sglang:num_retracted_output_tokens_total", {}),
     "finished_requests": ("sglang:num_requests_total", {}),
     "spec_accept_length": ("sglang:spec_accept_length", {}),
+    # PD (issue 47): requests the decode server failed in the handshake or the KV transfer
+    "pd_bootstrap_failed": ("sglang:num_bootstrap_failed_reqs_total", {}),
+    "pd_transfer_failed": ("sglang:num_transfer_failed_reqs_total", {}),
 }
 ZIPAGE_KEYS = ("compactions", "pressure_compactions", "compaction_batches", "compaction_gpu_ms",
                "compaction_ms", "tokens_evicted", "running_compressed_requests",
@@ -154,6 +158,14 @@ def parse_args(argv: List[str]):
     args, server_flags = p.parse_known_args(argv)
     if args.window_end_s <= args.window_start_s:
         p.error("--window-end-s must be > --window-start-s")
+    if args.pd and args.warm_start:
+        # stock's warm requests carry their ages as prompt: under PD the prefill server would
+        # prefill them and send them over the transfer engine, where a long run's decode
+        # server makes them itself (on an H100, 237k prompt tokens over mooncake's TCP
+        # against zipage's 68k: steady-8k-pd-failed-h100.json)
+        p.error("--warm-start with --pd: stock's warm requests carry their ages as prompt, "
+                "which the prefill server would prefill and send; measure a PD pair as a long "
+                "run (windows from stock's turnover)")
     return args, server_flags
 
 
@@ -440,6 +452,9 @@ class Run:
         self.doc["load_ended_before_window_end"] = self.child.poll() is not None
         self.sampler.sample_now()  # the window's last sample, before any abort
         self.doc["window"] = self.window()
+        if self.args.pd:
+            self.doc["pd"]["failed_requests"] = pd_failures(
+                with_times(list(self.sampler.samples), self.t0), self.args.window_end_s)
         self.print_progress()
         log("window: " + json.dumps({k: self.doc["window"].get(k) for k in WINDOW_KEYS}))
 
@@ -468,6 +483,17 @@ class Run:
         log(f"drain: {self.doc['drain']}")
 
     # -- helpers
+    def check_pd(self) -> None:
+        """A PD run whose decode server failed requests (handshake or KV transfer) before the
+        window end measured a pair that lost its load, not a steady state: it fails (its data
+        kept), and the merge refuses it."""
+        failed = (self.doc.get("pd") or {}).get("failed_requests")
+        if failed:
+            raise RuntimeError(
+                f"the decode server failed {failed:.0f} requests in the PD handshake or KV "
+                f"transfer before the window end (see {self.base}-server.log and "
+                f"{self.base}-prefill.log): not a steady state")
+
     def check_alive(self, child_may_end: bool) -> bool:
         """False once bench_serving has ended (if allowed); raises if anything died."""
         for name, proc in (("server", self.server.proc),
@@ -532,6 +558,7 @@ def run(args, extra_flags: List[str], argv: List[str]) -> Dict:
         r.start_load()
         r.watch()
         r.drain()
+        r.check_pd()
         r.doc["status"] = "done"
     except BaseException as e:
         r.doc["status"] = "failed"

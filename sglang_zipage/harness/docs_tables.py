@@ -105,8 +105,8 @@ def steady_pairs(root: str = ".") -> List[Dict]:
     for path in sorted(glob.glob(os.path.join(root, RESULTS, "steady-*.json"))):
         with open(path) as f:
             merged = json.load(f)
-        if "merged_from" not in merged:
-            continue
+        if "merged_from" not in merged or merged.get("output_tok_s_ratio") is None:
+            continue  # a single run, or a failed attempt kept as evidence (no ratio)
         name = os.path.basename(path)
         row = throughput_row(merged, name)
         s, z = row["stock"], row["zipage"]

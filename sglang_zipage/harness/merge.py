@@ -210,6 +210,10 @@ def merge_steady(paths: List[str], out: str, spans: Optional[List[List[float]]] 
     # for its stock run beside a new zipage run)
     sources = list({d["engine"]: (p, d) for p, d in sources}.values())
     docs = [d for _, d in sources]
+    failed = [f"{p} ({d['engine']}): {((d.get('error') or '').strip().splitlines() or [''])[-1]}"
+              for p, d in sources if d.get("status") == "failed"]
+    if failed:
+        raise SystemExit("failed runs measure no steady state: " + "; ".join(failed))
     cards = {d["gpu"] for d in docs if d.get("gpu")}  # (older runs do not say)
     if len(cards) > 1:
         raise SystemExit("the runs ran on different cards (" + ", ".join(

@@ -240,6 +240,23 @@ def steady_window(samples: List[Dict], lo_s: float, hi_s: float) -> Dict:
     return out
 
 
+PD_FAILURE_KEYS = ("pd_bootstrap_failed", "pd_transfer_failed")
+
+
+def pd_failures(samples: List[Dict], hi_s: float) -> Optional[float]:
+    """The requests a PD decode server failed (handshake or KV transfer: SGLang's
+    num_bootstrap_failed_reqs and num_transfer_failed_reqs counters, PD_FAILURE_KEYS) from the
+    load's start (the last sample before t_s = 0) to ``hi_s``, before the aborts that end a
+    run; None without those counters."""
+    have = [s for s in samples if s.get("t_s") is not None
+            and all(k in s for k in PD_FAILURE_KEYS)]
+    before = [s for s in have if s["t_s"] <= 0] or have[:1]
+    upto = [s for s in have if s["t_s"] <= hi_s + 0.5]
+    if not (before and upto):
+        return None
+    return sum(upto[-1][k] - before[-1][k] for k in PD_FAILURE_KEYS)
+
+
 # ---------------------------------------------------------------- progress
 def progress_line(tag: str, prev: Optional[Dict], s: Dict, of: Optional[int] = None) -> str:
     """``[tag] t= tokens= tok/s= running= waiting= usage= retractions= finished=``, the zipage

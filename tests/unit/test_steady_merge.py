@@ -7,7 +7,7 @@ import json
 import pytest
 
 from sglang_zipage.harness import merge, rows
-from sglang_zipage.harness.windows import steady_window
+from sglang_zipage.harness.windows import pd_failures, steady_window
 
 
 def load(port, tmp, output_len="8192"):
@@ -241,3 +241,47 @@ def test_a_steady_window_counts_the_compactions_made_without_a_query_window():
         out.append(s)
     z = steady_window([s for s in out if "zipage" in s], 20.0, 40.0)["zipage"]
     assert (z["compactions"], z["windowless_compactions"]) == (80, 7)
+
+
+def test_pd_failures_count_from_the_load_start_to_the_window_end():
+    """A PD decode server's handshake and transfer failures (its Prometheus counters) from the
+    last sample before the load to the window end (0.5 s of slack, as the window's); the
+    aborts that end the run, a second or more later, do not count."""
+    def sample(t, boot, transfer):
+        return {"t_s": float(t), "pd_bootstrap_failed": boot, "pd_transfer_failed": transfer}
+
+    ok = [sample(-2, 0, 0), sample(0, 1, 0), sample(20, 1, 0), sample(40, 1, 0),
+          sample(41.3, 90, 0)]  # 1 before the load (warm-up); 89 aborted after the window
+    assert pd_failures(ok, 40.0) == 0
+    lost = ok[:2] + [sample(20, 326, 2), sample(40, 500, 2), sample(41.3, 600, 2)]
+    assert pd_failures(lost, 40.0) == 326 + 2 - 1 + 174
+    assert pd_failures([{"t_s": 0.0}, {"t_s": 40.0}], 40.0) is None  # not a PD run
+
+
+def test_a_failed_run_is_not_merged(tmp_path):
+    files = []
+    for name, status in (("stock", "failed"), ("zipage", "done")):
+        doc = {**engine_run(100.0, [30]), "engine": name, "status": status,
+               "command": f"run {name}", "window": {"output_tok_s": 100.0}, "bench_serving": {},
+               "error": "Traceback ...\nRuntimeError: the decode server failed 326 requests"}
+        files.append(tmp_path / f"{name}.json")
+        files[-1].write_text(json.dumps(doc))
+    with pytest.raises(SystemExit, match="stock.*failed 326 requests"):
+        merge.merge_steady([str(f) for f in files], str(tmp_path / "m.json"))
+    assert not (tmp_path / "m.json").exists()
+
+
+def test_a_pd_pair_refuses_a_warm_start():
+    """stock's warm requests carry their ages as prompt, which under PD the prefill server would
+    prefill and send: a PD pair is measured as a long run."""
+    import importlib.util
+    import os
+
+    path = os.path.join(os.path.dirname(__file__), "..", "..", "benchmarks", "steady_state.py")
+    spec = importlib.util.spec_from_file_location("steady_state_cli", path)
+    cli = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(cli)
+    assert cli.parse_args(["--pd", "--window-start-s", "300"])[0].pd
+    assert cli.parse_args(["--warm-start", "auto"])[0].warm_start == "auto"
+    with pytest.raises(SystemExit):
+        cli.parse_args(["--pd", "--warm-start", "auto"])
