@@ -47,8 +47,8 @@ from sglang_zipage.harness.engines import DEFAULT_MODEL, TINY_NAME, model_config
 from sglang_zipage.harness.merge import WINDOW_KEYS, merge_steady, parse_spans, steady_summary
 from sglang_zipage.harness.rows import add_row
 from sglang_zipage.harness.record import REPO, command_line, git_commit, gpu_name, write_json
-from sglang_zipage.harness.server import (OFFLINE_ENV, PD_ENV, PD_TRANSFER, Server, free_port,
-                                          mini_balancer, stop_process)
+from sglang_zipage.harness.server import (OFFLINE_ENV, PD_ENV, PD_LOAD_ENV, PD_TRANSFER, Server,
+                                          free_port, mini_balancer, stop_process)
 from sglang_zipage.harness.windows import (Sampler, log, pd_failures, progress_line, steady_window,
                                            with_times)
 
@@ -388,7 +388,7 @@ class Run:
                    + ["--disaggregation-mode", "prefill", *PD_TRANSFER,
                       "--disaggregation-bootstrap-port", str(bootstrap)])
         decode = decode_flags + ["--disaggregation-mode", "decode", *PD_TRANSFER]
-        env = {**OFFLINE_ENV, **PD_ENV}
+        env = {**OFFLINE_ENV, **PD_ENV, **PD_LOAD_ENV}
         # one after the other: a server sizes its pool from the memory free when it starts
         self.prefill = Server(prefill, self.base + "-prefill.log", env=env,
                               ready_timeout=self.args.server_timeout_s)
@@ -400,6 +400,7 @@ class Run:
                                                            prog="python"),
                               prefill_log=self.base + "-prefill.log", transfer=PD_TRANSFER,
                               mc_force_tcp=env["MC_FORCE_TCP"],
+                              transfer_env={k: env[k] for k in PD_LOAD_ENV},
                               balancer="sglang_router.launch_router --mini-lb")
 
     def start_load(self) -> None:

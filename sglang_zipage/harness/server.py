@@ -37,6 +37,13 @@ OFFLINE_ENV = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "HF_DATASETS_
 # CUDA build stages GPU buffers itself).
 PD_TRANSFER = ["--disaggregation-transfer-backend", "mooncake"]
 PD_ENV = {"MC_FORCE_TCP": os.environ.get("MC_FORCE_TCP", "1")}
+# A steady load's transfers over TCP: mooncake fails a synchronous transfer after 30 s
+# (MC_TRANSFER_TIMEOUT) and SGLang's sender then blacklists the decode session, failing every
+# later request (a backlog of warm-start transfers on an H100 did: steady-8k-pd-failed-h100.json);
+# the timeout and the TCP per-peer queues as TCP deployments raise them, unless set.
+PD_LOAD_ENV = {k: os.environ.get(k, v) for k, v in (
+    ("MC_TRANSFER_TIMEOUT", "300"), ("MC_TCP_MAX_QUEUED_TRANSFERS_PER_PEER", "65535"),
+    ("MC_TCP_MAX_PENDING_ADMISSIONS_PER_PEER", "65535"), ("MC_TCP_ADMISSION_TIMEOUT_MS", "120000"))}
 LAUNCHER = ["-m", "sglang_zipage.launch_server"]
 BIND_FAILED = "address already in use"
 
