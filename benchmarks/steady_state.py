@@ -49,8 +49,8 @@ from sglang_zipage.harness.rows import add_row
 from sglang_zipage.harness.record import REPO, command_line, git_commit, gpu_name, write_json
 from sglang_zipage.harness.server import (OFFLINE_ENV, PD_ENV, PD_LOAD_ENV, PD_TRANSFER, Server,
                                           free_port, mini_balancer, stop_process)
-from sglang_zipage.harness.windows import (Sampler, log, pd_failures, progress_line, steady_window,
-                                           with_times)
+from sglang_zipage.harness.windows import (PD_FAILURE_COUNTERS, Sampler, log, pd_failures,
+                                           progress_line, steady_window, with_times)
 
 CHILD = "bench-serving-child"
 NO_TOKEN_ERROR = "no output token before the window end (aborted while queued)"
@@ -64,9 +64,7 @@ PROM_COUNTERS = {
     "retracted_output_tokens": ("sglang:num_retracted_output_tokens_total", {}),
     "finished_requests": ("sglang:num_requests_total", {}),
     "spec_accept_length": ("sglang:spec_accept_length", {}),
-    # PD (issue 47): requests the decode server failed in the handshake or the KV transfer
-    "pd_bootstrap_failed": ("sglang:num_bootstrap_failed_reqs_total", {}),
-    "pd_transfer_failed": ("sglang:num_transfer_failed_reqs_total", {}),
+    **PD_FAILURE_COUNTERS,  # PD (issue 47): requests the decode server failed
 }
 ZIPAGE_KEYS = ("compactions", "pressure_compactions", "compaction_batches", "compaction_gpu_ms",
                "compaction_ms", "tokens_evicted", "running_compressed_requests",

@@ -240,7 +240,12 @@ def steady_window(samples: List[Dict], lo_s: float, hi_s: float) -> Dict:
     return out
 
 
-PD_FAILURE_KEYS = ("pd_bootstrap_failed", "pd_transfer_failed")
+# A PD decode server's failed requests, as Sampler counters (probe.prometheus_counters)
+PD_FAILURE_COUNTERS = {
+    "pd_bootstrap_failed": ("sglang:num_bootstrap_failed_reqs_total", {}),  # the handshake
+    "pd_transfer_failed": ("sglang:num_transfer_failed_reqs_total", {}),  # the KV transfer
+}
+PD_FAILURE_KEYS = tuple(PD_FAILURE_COUNTERS)
 
 
 def pd_failures(samples: List[Dict], hi_s: float) -> Optional[float]:
