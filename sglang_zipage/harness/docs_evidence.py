@@ -186,6 +186,34 @@ def kernels_table(root: str = ".", prefix: str = "") -> str:
             f"{short_commit(res['commit'])}: {link('kernels-h200.json', prefix)}.")
 
 
+CALIBRATED_COVERAGE = ("coverage-calibrated-h200.json", "coverage-calibrated-h100.json")
+
+
+def calibrated_coverage_table(root: str = ".", prefix: str = "") -> str:
+    """Coverage rows run with the calibrated scorer (coverage.py --scorer calibrated), one per
+    layout: the verdict, the compactions and the largest suffix against its limit, and the
+    query window it did not allocate; one line per run under the table (its card and commit)."""
+    rows, runs = [], []
+    for name in CALIBRATED_COVERAGE:
+        res = load_json(root, name)
+        for r in sorted(res["rows"], key=lambda r: r["family"]):
+            ev_ = r.get("evidence") or {}
+            mem = ev_.get("memory") or {}
+            layout = (ev_.get("layout") or {}).get("layout", "")
+            rows.append([r["family"], layout, r["kv_dtype"], r["attention_backend"],
+                         r["page_size"], r["status"], ev_.get("compactions", ""),
+                         f"{ev_.get('max_suffix_tokens', '')} of {ev_.get('limit', '')}",
+                         mem.get("window_slots", ""), mem.get("windowless_compactions", ""),
+                         "yes" if ev_.get("short_equal_stock") else "no", res["gpu"]])
+        s = res["summary"]
+        runs.append(f"**{s['pass']} pass, {s['refused']} refused, {s['fail']} fail** "
+                    f"({res['gpu']}, commit {short_commit(res['commit'])}): {link(name, prefix)}")
+    return (md_table(("family", "layout", "KV dtype", "attention", "page", "status",
+                      "compactions", "largest suffix, of its limit", "query-window slots",
+                      "windowless compactions", "short outputs equal stock", "card"), rows)
+            + "\n\n" + ";\n".join(runs) + ".")
+
+
 COVERAGE_COLUMNS = (("bfloat16", "triton", 1), ("fp8_e4m3", "triton", 1),
                     ("bfloat16", "flashinfer", 1), ("bfloat16", "triton", 16))
 

@@ -40,6 +40,7 @@ BLOCKS: Dict[str, Callable[[str, str], str]] = {
     "results-speculative-coverage": ev.speculative_coverage_table,
     "results-kernels": ev.kernels_table,
     "results-coverage": ev.coverage_table,
+    "results-calibrated-coverage": ev.calibrated_coverage_table,
     "results-composability": ev.composability_table,
     "results-step-profile": ev.step_profile_table,
     "results-sizing": ev.sizing_table,
