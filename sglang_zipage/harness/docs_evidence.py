@@ -138,6 +138,14 @@ def speculative_table(root: str = ".", prefix: str = "") -> str:
                      "card", "commit", "file"), rows)
 
 
+def coverage_run_line(res: Dict, name: str, prefix: str, more: str = "") -> str:
+    """A coverage.py run under its table: its verdicts, card and commit (``more`` after the
+    commit), and its file."""
+    s = res["summary"]
+    return (f"**{s['pass']} pass, {s['refused']} refused, {s['fail']} fail** "
+            f"({res['gpu']}, commit {short_commit(res['commit'])}{more}): {link(name, prefix)}")
+
+
 def speculative_coverage_table(root: str = ".", prefix: str = "") -> str:
     """Coverage rows with speculative decoding on (coverage.py --speculative), bf16 and FP8 KV:
     the judge's verdict and the accept length with and without compression on the same
@@ -151,14 +159,11 @@ def speculative_coverage_table(root: str = ".", prefix: str = "") -> str:
                          r["kv_dtype"], r["attention_backend"], r["page_size"], r["status"],
                          acc.get("full", ""), acc.get("compressed", ""), acc.get("ratio", ""),
                          acc.get("compactions_per_request", "")])
-        s = res["summary"]
         # a row rerun in another device session says so (its "rerun": command, commit, card)
         again = "".join(f"; the {r['family']} {r['kv_dtype']} row rerun in another session "
                         f"({r['rerun']['gpu']}, commit {short_commit(r['rerun']['commit'])})"
                         for r in res["rows"] if r.get("rerun"))
-        runs.append(f"**{s['pass']} pass, {s['refused']} refused, {s['fail']} fail** "
-                    f"({res['gpu']}, commit {short_commit(res['commit'])}{again}): "
-                    f"{link(name, prefix)}")
+        runs.append(coverage_run_line(res, name, prefix, again))
     return (md_table(("family", "algorithm", "draft", "KV dtype", "attention", "page", "status",
                       "accept length, not compressed", "compressed", "ratio",
                       "compactions per request"), rows)
@@ -205,9 +210,7 @@ def calibrated_coverage_table(root: str = ".", prefix: str = "") -> str:
                          f"{ev_.get('max_suffix_tokens', '')} of {ev_.get('limit', '')}",
                          mem.get("window_slots", ""), mem.get("windowless_compactions", ""),
                          "yes" if ev_.get("short_equal_stock") else "no", res["gpu"]])
-        s = res["summary"]
-        runs.append(f"**{s['pass']} pass, {s['refused']} refused, {s['fail']} fail** "
-                    f"({res['gpu']}, commit {short_commit(res['commit'])}): {link(name, prefix)}")
+        runs.append(coverage_run_line(res, name, prefix))
     return (md_table(("family", "layout", "KV dtype", "attention", "page", "status",
                       "compactions", "largest suffix, of its limit", "query-window slots",
                       "windowless compactions", "short outputs equal stock", "card"), rows)
