@@ -17,12 +17,13 @@ export ZIPAGE_COMMIT=$1
 source benchmarks/device_env.sh
 M=/tmp/zrepo/benchmarks/models/qwen3-8b-dummy
 S=/tmp/zrepo/.devstats/qwen3-8b-dummy-stats.safetensors
+CAL="python3 -m sglang_zipage.calibrate --model-path $M --load-format dummy --attention-backend flashinfer --sampling-backend pytorch --grammar-backend none --out"  # + the file
 cat > /tmp/chain46-inner.sh <<INNER
 cd /tmp/zrepo
 if [ "$2" = cov ]; then
   if [ ! -f $S ]; then  # beside the coverage rows (small pools; the GPU holds both)
     (echo "\$(date +%s) start calibrate" >> /tmp/f46/progress
-     cd /tmp && python3 -m sglang_zipage.calibrate --model-path $M --load-format dummy --attention-backend flashinfer --sampling-backend pytorch --grammar-backend none --out /tmp/f46/qwen3-8b-dummy-stats.safetensors > /tmp/f46/calibrate.out 2>&1
+     cd /tmp && $CAL /tmp/f46/qwen3-8b-dummy-stats.safetensors > /tmp/f46/calibrate.out 2>&1
      echo "\$(date +%s) end calibrate rc=\$?" >> /tmp/f46/progress) &
   fi
   echo "\$(date +%s) start coverage" >> /tmp/f46/progress
@@ -31,7 +32,7 @@ if [ "$2" = cov ]; then
   wait
 else
   if [ ! -f $S ]; then  # (a fresh checkout: .devstats lost; 276 s on an H100)
-    (cd /tmp && python3 -m sglang_zipage.calibrate --model-path $M --load-format dummy --attention-backend flashinfer --sampling-backend pytorch --grammar-backend none --out $S > /tmp/f46/calibrate.out 2>&1)
+    (cd /tmp && $CAL $S > /tmp/f46/calibrate.out 2>&1)
     echo "\$(date +%s) end calibrate rc=\$?" >> /tmp/f46/progress
   fi
   cp $S $M/zipage_query_stats.safetensors
